@@ -1,0 +1,63 @@
+# minipaged: two commands for a newcomer, `make book` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# With an NVIDIA GPU present, pip takes the default (CUDA) torch; without one, the CPU build pinned in
+# requirements/cpu.txt, so CI never downloads a multi-GB CUDA build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+JOBS ?= 2
+CHAPTERS ?=
+
+.PHONY: help book test export check-sync test-unit test-chapters test-exercises check-exercises \
+        gpu-test browser-check clean
+
+help:
+	@echo "make book             build the book (every chapter executed); prints where index.html is"
+	@echo "make test             sync check, unit tests, every chapter under nbval, exercise checks"
+	@echo "make check-exercises  check YOUR answers in exercises/"
+	@echo "make export           regenerate minipaged/ and notebooks/ from chapters/"
+	@echo "make gpu-test         the GPU runner (nbval on every chapter + benchmarks) on this machine"
+	@echo "make browser-check    build the book and check pages in headless Chromium"
+
+$(STAMP): pyproject.toml requirements/cpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if [ -z "$(HAS_GPU)" ]; then $(PY) -m pip install -q -r requirements/cpu.txt; fi
+	$(PY) -m pip install -q -e '.[dev,book]'
+	@touch $@
+
+export: $(STAMP)
+	$(PY) tools/export.py
+
+check-sync: $(STAMP)
+	$(PY) tools/export.py --check
+
+test-unit: $(STAMP)
+	MINIPAGED_ANSWERS=solutions $(PY) -m pytest -q -n $(JOBS) tests
+
+test-chapters: $(STAMP)
+	$(PY) tools/run_chapters.py --jobs $(JOBS) $(CHAPTERS)
+
+test: check-sync test-unit test-chapters
+	@echo "make test: all green"
+
+test-exercises: $(STAMP)
+	MINIPAGED_ANSWERS=solutions $(PY) -m pytest -q tests/exercises
+
+check-exercises: $(STAMP)
+	MINIPAGED_ANSWERS=exercises $(PY) -m pytest -q -p no:randomly tests/exercises
+
+book: export
+	$(VENV)/bin/jupyter-book build .
+	@echo "The book: $(CURDIR)/_build/html/index.html"
+
+gpu-test:
+	OUT=$${OUT:-$(CURDIR)/gpu-out} bash tools/gpu_run.sh
+
+browser-check: book
+	bash tools/browser_check.sh
+
+clean:
+	rm -rf _build gpu-out .pytest_cache

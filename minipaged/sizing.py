@@ -1,0 +1,136 @@
+# GENERATED from chapters/01_kv_sizing.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""KV-cache sizing: bytes per token, per request, per block, and what fits in a budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "DTYPE_BYTES",
+    "KVShape",
+    "kv_bytes_per_token",
+    "kv_shape_from_config",
+    "kv_bytes_per_token_from_config",
+    "block_bytes",
+    "blocks_in_budget",
+    "block_table_entries",
+    "parameter_count",
+    "reference_configs",
+    "format_bytes",
+]
+
+DTYPE_BYTES = {
+    torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float8_e4m3fn: 1,
+    "float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1,
+}
+
+
+def _positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of K and V that one token occupies across all layers: 2 * L * H_kv * D * bytes."""
+    return (2 * _positive_int("num_layers", num_layers) * _positive_int("num_kv_heads", num_kv_heads)
+            * _positive_int("head_dim", head_dim) * _positive_int("dtype_bytes", dtype_bytes))
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What the KV cache of a model depends on."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_attention_heads: int
+    dtype_bytes: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes)
+
+    @property
+    def gqa_ratio(self) -> int:
+        """Query heads per KV head; sizing with query heads overestimates by this factor."""
+        return self.num_attention_heads // self.num_kv_heads
+
+
+def kv_shape_from_config(config, dtype_bytes: int | None = None) -> KVShape:
+    """Read the KV shape from a transformers config (Llama, Qwen3, Mistral, ... style fields).
+
+    ``dtype_bytes`` defaults to the config's own dtype (``dtype`` or ``torch_dtype``), else 2.
+    """
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dtype_bytes is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    return KVShape(config.num_hidden_layers, kv_heads, head_dim, heads, dtype_bytes)
+
+
+def kv_bytes_per_token_from_config(config, dtype_bytes: int | None = None) -> int:
+    """``kv_bytes_per_token`` for the model a transformers config describes."""
+    return kv_shape_from_config(config, dtype_bytes).bytes_per_token
+
+
+def block_bytes(bytes_per_token: int, block_size: int) -> int:
+    """Bytes of one cache block (``block_size`` tokens) across all layers."""
+    return _positive_int("bytes_per_token", bytes_per_token) * _positive_int("block_size", block_size)
+
+
+def blocks_in_budget(budget_bytes: int, bytes_per_block: int) -> int:
+    """How many whole blocks fit in a KV budget."""
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    return budget_bytes // _positive_int("bytes_per_block", bytes_per_block)
+
+
+def block_table_entries(num_tokens: int, block_size: int) -> int:
+    """Entries a sequence's block table needs: ceil(tokens / block_size)."""
+    return math.ceil(num_tokens / _positive_int("block_size", block_size))
+
+
+def parameter_count(config) -> int:
+    """Exact parameter count of the model a config describes, without allocating its weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def reference_configs() -> dict:
+    """Configs (no download) of the models this course sizes: Qwen3-0.6B, Llama-3-8B, Llama-2-70B."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    return {
+        "Qwen3-0.6B": Qwen3Config(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+            max_position_embeddings=40960, dtype="bfloat16"),
+        "Llama-3-8B": LlamaConfig(
+            vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+            tie_word_embeddings=False, dtype="bfloat16"),
+        "Llama-2-70B": LlamaConfig(
+            vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+            num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096,
+            tie_word_embeddings=False, dtype="float16"),
+    }
+
+
+def format_bytes(n: float) -> str:
+    """Binary units: 131072 -> '128 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.4g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,48 @@
+"""Unit tests of minipaged.sizing beyond the chapter's own checks."""
+
+import pytest
+import torch
+
+from minipaged.sizing import (DTYPE_BYTES, block_table_entries, blocks_in_budget,
+                              kv_bytes_per_token, kv_bytes_per_token_from_config, kv_shape_from_config,
+                              reference_configs)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
+def test_rejects_non_positive_or_non_integer(bad):
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        kv_bytes_per_token(32, bad, 128, 2)
+
+
+def test_formula_is_linear_in_every_factor():
+    base = kv_bytes_per_token(2, 3, 5, 7)
+    assert base == 2 * 2 * 3 * 5 * 7
+    assert kv_bytes_per_token(4, 3, 5, 7) == 2 * base
+    assert kv_bytes_per_token(2, 3, 5, 14) == 2 * base
+
+
+def test_config_reader_uses_kv_heads_and_config_dtype():
+    configs = reference_configs()
+    llama = configs["Llama-2-70B"]
+    assert kv_bytes_per_token_from_config(llama) == 320 * 1024
+    assert kv_bytes_per_token_from_config(llama, dtype_bytes=1) == 160 * 1024
+    shape = kv_shape_from_config(configs["Qwen3-0.6B"])
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (28, 8, 128)
+    assert DTYPE_BYTES[torch.bfloat16] == 2
+
+
+def test_head_dim_falls_back_to_hidden_over_heads():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                      num_hidden_layers=3)
+    cfg.head_dim = None
+    assert kv_shape_from_config(cfg, dtype_bytes=2).head_dim == 64
+
+
+def test_blocks_and_table_entries():
+    assert blocks_in_budget(10, 3) == 3
+    with pytest.raises(ValueError):
+        blocks_in_budget(-1, 3)
+    assert block_table_entries(0, 16) == 0
+    assert block_table_entries(16, 16) == 1 and block_table_entries(17, 16) == 2

@@ -1,0 +1,59 @@
+"""Execute chapters as notebooks under nbval (--nbval-lax): the check that every chapter runs.
+
+Each chapters/NN_name.md is converted to .ipynb in a temporary folder and run by pytest with nbval,
+in the current environment. Select chapters by number prefix: `python tools/run_chapters.py 01 03`.
+On a machine without a GPU, the Triton kernels run under TRITON_INTERPRET=1 (minipaged.runtime sets it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jupytext
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="number prefixes, e.g. 01 07 (default: all)")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks run in parallel")
+    parser.add_argument("--cell-timeout", type=int, default=900)
+    parser.add_argument("--keep", metavar="DIR", help="write the notebooks here instead of a temp dir")
+    args = parser.parse_args()
+
+    chapters = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
+    if args.chapters:
+        chapters = [c for c in chapters if c.name[:2] in set(args.chapters)]
+    if not chapters:
+        print("no chapter matches", args.chapters, file=sys.stderr)
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="minipaged-nbval-") as tmp:
+        out = Path(args.keep or tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        for chapter in chapters:
+            jupytext.write(jupytext.read(chapter), out / f"{chapter.stem}.ipynb")
+        cmd = [
+            sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
+            f"--nbval-cell-timeout={args.cell_timeout}", "-p", "no:cacheprovider",
+            "--rootdir", str(out), str(out),
+        ]
+        if args.jobs > 1 and len(chapters) > 1:
+            cmd[3:3] = ["-n", str(min(args.jobs, len(chapters))), "--dist", "loadfile"]
+        print(f"running {len(chapters)} chapter(s) under nbval:", " ".join(c.stem for c in chapters),
+              flush=True)
+        start = time.time()
+        # Run from the repository root so chapters that read results/ or write figures find them.
+        rc = subprocess.call(cmd, cwd=ROOT)
+        print(f"chapters done in {time.time() - start:.0f} s (exit {rc})")
+        return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
