@@ -125,8 +125,13 @@ def package_init(modules: list[tuple[str, str, Path]]) -> str:
         "_PUBLIC = {",
     ]
     names = []
-    for module, source, _ in modules:
+    for module, source, chapter in modules:
         for name in public_names(source):
+            if name in names:
+                raise SystemExit(
+                    f"{chapter.name}: public name {name!r} is already exported by another chapter; "
+                    "give the later class its own name (subclass, don't shadow)"
+                )
             lines.append(f'    "{name}": "{module}",')
             names.append(name)
     lines += [
