@@ -1,0 +1,59 @@
+// Checks pages of the built book in headless Chromium; see tools/browser_check.sh.
+const { chromium } = require("playwright-core");
+const fs = require("fs");
+const path = require("path");
+
+const BASE = process.env.BASE;
+const MATHJAX_DIR = process.env.MATHJAX_DIR;
+const PAGES = [
+  { url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 },
+  { url: "chapters/01_kv_sizing.html", name: "chapter01", math: true, figures: 1, exercises: 3,
+    colab: "notebooks/01_kv_sizing.ipynb" },
+];
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  // Routes registered later win: block everything external first, then serve MathJax locally.
+  await page.route(/^https?:\/\/(?!127\.0\.0\.1)/, (route) => route.abort());
+  // Serve MathJax from the npm copy instead of the CDN (the check must work offline).
+  await page.route(/cdn\.jsdelivr\.net\/npm\/mathjax@3\/(.*)$/, (route) => {
+    const rel = route.request().url().match(/mathjax@3\/(.*)$/)[1];
+    const file = path.join(MATHJAX_DIR, rel);
+    if (fs.existsSync(file)) return route.fulfill({ path: file });
+    return route.abort();
+  });
+  let failures = 0;
+  for (const spec of PAGES) {
+    await page.goto(`${BASE}/${spec.url}`, { waitUntil: "load" });
+    if (spec.math) {
+      await page.waitForSelector("mjx-container", { timeout: 20000 }).catch(() => {});
+    }
+    const seen = await page.evaluate(() => ({
+      title: document.title,
+      math: document.querySelectorAll("mjx-container").length,
+      mathErrors: document.querySelectorAll("mjx-merror").length,
+      figures: [...document.querySelectorAll("img")].filter(
+        (i) => i.complete && i.naturalWidth > 0 && i.closest(".cell_output")).length,
+      exercises: document.querySelectorAll(".exercise").length,
+      solutions: document.querySelectorAll(".solution").length,
+      colab: [...document.querySelectorAll("a")].map((a) => a.href)
+        .filter((h) => h.includes("colab.research.google.com")),
+    }));
+    await page.screenshot({ path: `screenshots/${spec.name}.png`, fullPage: false });
+    const problems = [];
+    if (spec.math && (seen.math === 0 || seen.mathErrors > 0)) problems.push("math not rendered");
+    if (seen.figures < spec.figures) problems.push(`expected >= ${spec.figures} figures`);
+    if (seen.exercises < spec.exercises || seen.solutions < spec.exercises) problems.push("exercises");
+    if (spec.colab && !seen.colab.some((h) => h.endsWith(spec.colab))) problems.push("colab link");
+    failures += problems.length;
+    console.log(JSON.stringify({ page: spec.url, ...seen, problems }));
+  }
+  await browser.close();
+  if (failures) { console.error(`${failures} problem(s)`); process.exit(1); }
+  console.log("browser check passed; screenshots in screenshots/");
+})();

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU runner: every chapter under nbval on the GPU, then the GPU benchmarks; logs and JSON in $OUT.
+#
+#   bash tools/gpu_run.sh [chapters] [bench]      (default: both)
+#   OUT=dir CHAPTERS="07 08" BENCHES="decode_attention" bash tools/gpu_run.sh
+#
+# On your own GPU machine: `make gpu-test` (needs the dev extras installed: `pip install -e '.[dev]'`).
+# On the course's offline H200, the Jupyter/nbval wheels travel in .whl/ (fetched with
+# ../shared/gpu/fetch-wheels.sh) and are installed into /tmp/site first.
+# At most a handful of files come back from the H200, so logs are merged: summary.json, nbval.log,
+# bench.log and one JSON per benchmark.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+STEPS=${*:-chapters bench}
+CHAPTERS=${CHAPTERS:-}
+BENCHES=${BENCHES:-decode_attention qwen3_decode engine}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+PY=${PY:-python3}
+
+if ! $PY -c "import jupytext, nbval" 2>/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || { echo "wheel install failed" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  else
+    echo "jupytext/nbval missing: pip install -e '.[dev]' first" >&2; exit 1
+  fi
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+
+steps_json=()
+record() {  # name rc seconds
+  steps_json+=("{\"step\": \"$1\", \"rc\": $2, \"seconds\": $3}")
+}
+
+device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+echo "device: ${device:-none}"
+$PY - <<'PY'
+import torch, triton
+print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())
+PY
+
+for step in $STEPS; do
+  case $step in
+    chapters)
+      start=$(date +%s)
+      $PY tools/run_chapters.py --jobs 1 $CHAPTERS > "$OUT/nbval.log" 2>&1
+      rc=$?
+      record chapters $rc $(( $(date +%s) - start ))
+      tail -5 "$OUT/nbval.log"
+      ;;
+    bench)
+      : > "$OUT/bench.log"
+      for name in $BENCHES; do
+        script=benchmarks/bench_$name.py
+        [ -f "$script" ] || { echo "skip $name: no $script" | tee -a "$OUT/bench.log"; continue; }
+        start=$(date +%s)
+        echo "== $script" >> "$OUT/bench.log"
+        timeout "$BENCH_TIMEOUT" $PY "$script" --out "$OUT" >> "$OUT/bench.log" 2>&1
+        rc=$?
+        record "bench_$name" $rc $(( $(date +%s) - start ))
+        echo "$script: exit $rc"
+      done
+      ;;
+    *) echo "unknown step $step (chapters|bench)" >&2; exit 2 ;;
+  esac
+done
+
+{
+  echo "{\"device\": \"${device:-none}\", \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+  echo " \"command\": \"bash tools/gpu_run.sh $STEPS\", \"steps\": ["
+  (IFS=,; echo "  ${steps_json[*]}")
+  echo "]}"
+} > "$OUT/summary.json"
+cat "$OUT/summary.json"
+! grep -q '"rc": [1-9]' "$OUT/summary.json"
