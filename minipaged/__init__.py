@@ -25,9 +25,14 @@ _PUBLIC = {
     "parameter_count": "sizing",
     "reference_configs": "sizing",
     "format_bytes": "sizing",
+    "PagedKVCache": "kv_cache",
+    "KVCacheError": "kv_cache",
+    "LAYOUTS": "kv_cache",
+    "write_kv_reference": "kv_cache",
+    "copy_blocks_reference": "kv_cache",
 }
 
-__all__ = ['DTYPE_BYTES', 'KVShape', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'by_device', 'default_device', 'format_bytes', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'parameter_count', 'reference_configs', 'results_path', 'uses_triton_interpreter']
+__all__ = ['DTYPE_BYTES', 'KVCacheError', 'KVShape', 'LAYOUTS', 'PagedKVCache', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'by_device', 'copy_blocks_reference', 'default_device', 'format_bytes', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'parameter_count', 'reference_configs', 'results_path', 'uses_triton_interpreter', 'write_kv_reference']
 
 
 def __getattr__(name):
