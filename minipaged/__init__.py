@@ -25,6 +25,31 @@ _PUBLIC = {
     "parameter_count": "sizing",
     "reference_configs": "sizing",
     "format_bytes": "sizing",
+    "TraceRequest": "fragmentation",
+    "WorkloadSpec": "fragmentation",
+    "WORKLOADS": "fragmentation",
+    "TraceFormatError": "fragmentation",
+    "clipped_lognormal_mean": "fragmentation",
+    "fit_lognormal_mu": "fragmentation",
+    "generate_workload": "fragmentation",
+    "read_trace_csv": "fragmentation",
+    "POLICIES": "fragmentation",
+    "reservation_tokens": "fragmentation",
+    "FirstFitAllocator": "fragmentation",
+    "SimulationResult": "fragmentation",
+    "simulate": "fragmentation",
+    "BlockManagerError": "block_manager",
+    "NoFreeBlocksError": "block_manager",
+    "UnknownSequenceError": "block_manager",
+    "DoubleReleaseError": "block_manager",
+    "SequenceExistsError": "block_manager",
+    "StepPendingError": "block_manager",
+    "TeachingBlockManager": "block_manager",
+    "SequenceState": "block_manager",
+    "FreeBlockList": "block_manager",
+    "StepReservation": "block_manager",
+    "compute_slot_mapping": "block_manager",
+    "KVBlockManager": "block_manager",
     "PagedKVCache": "kv_cache",
     "KVCacheError": "kv_cache",
     "LAYOUTS": "kv_cache",
@@ -32,7 +57,7 @@ _PUBLIC = {
     "copy_blocks_reference": "kv_cache",
 }
 
-__all__ = ['DTYPE_BYTES', 'KVCacheError', 'KVShape', 'LAYOUTS', 'PagedKVCache', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'by_device', 'copy_blocks_reference', 'default_device', 'format_bytes', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'parameter_count', 'reference_configs', 'results_path', 'uses_triton_interpreter', 'write_kv_reference']
+__all__ = ['BlockManagerError', 'DTYPE_BYTES', 'DoubleReleaseError', 'FirstFitAllocator', 'FreeBlockList', 'KVBlockManager', 'KVCacheError', 'KVShape', 'LAYOUTS', 'NoFreeBlocksError', 'POLICIES', 'PagedKVCache', 'SequenceExistsError', 'SequenceState', 'SimulationResult', 'StepPendingError', 'StepReservation', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'UnknownSequenceError', 'WORKLOADS', 'WorkloadSpec', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'by_device', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'fit_lognormal_mu', 'format_bytes', 'generate_workload', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'parameter_count', 'read_trace_csv', 'reference_configs', 'reservation_tokens', 'results_path', 'simulate', 'uses_triton_interpreter', 'write_kv_reference']
 
 
 def __getattr__(name):

@@ -1,0 +1,491 @@
+# GENERATED from chapters/02_fragmentation.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""Where KV memory goes under contiguous reservation and under paging: workloads and a simulator.
+
+Run it from the command line::
+
+    python -m minipaged.fragmentation --workload sharegpt --policy paged --block-size 16
+    python -m minipaged.fragmentation --trace requests.csv --policy max --budget-tokens 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import json
+import math
+import re
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "TraceRequest",
+    "WorkloadSpec",
+    "WORKLOADS",
+    "TraceFormatError",
+    "clipped_lognormal_mean",
+    "fit_lognormal_mu",
+    "generate_workload",
+    "read_trace_csv",
+    "POLICIES",
+    "reservation_tokens",
+    "FirstFitAllocator",
+    "SimulationResult",
+    "simulate",
+]
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a workload: arrival time (in decode steps) and its token counts."""
+
+    arrival: float
+    prompt_len: int
+    output_len: int
+
+    @property
+    def total_len(self) -> int:
+        """Tokens whose KV the request stores when it finishes: prompt plus output."""
+        return self.prompt_len + self.output_len
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Length statistics of a workload: mean tokens (targets) and log-normal spreads (choices)."""
+
+    prompt_mean: float
+    output_mean: float
+    prompt_sigma: float
+    output_sigma: float
+    source: str = ""
+
+
+WORKLOADS = {
+    "sharegpt": WorkloadSpec(161.31, 337.99, 1.0, 1.0, "vLLM paper (Kwon et al. 2023), Fig. 11"),
+    "alpaca": WorkloadSpec(19.31, 58.45, 0.5, 0.8, "vLLM paper (Kwon et al. 2023), Fig. 11"),
+}
+
+
+class TraceFormatError(ValueError):
+    """A trace file that cannot be read as requests (missing column, bad value)."""
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X ~ LogNormal(mu, sigma)."""
+    if sigma <= 0 or cap <= 0:
+        raise ValueError(f"sigma and cap must be positive, got sigma={sigma}, cap={cap}")
+    log_cap = math.log(cap)
+    body = math.exp(mu + sigma**2 / 2) * _normal_cdf((log_cap - mu - sigma**2) / sigma)
+    return body + cap * (1.0 - _normal_cdf((log_cap - mu) / sigma))
+
+
+def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
+    """The mu for which min(X, cap), X ~ LogNormal(mu, sigma), has the given mean (bisection)."""
+    if not 0 < mean < cap:
+        raise ValueError(f"the mean must lie in (0, cap={cap}), got {mean}")
+    low = math.log(mean) - sigma**2 / 2  # the unclipped fit: its clipped mean is too small
+    high = low + 1.0
+    while clipped_lognormal_mean(high, sigma, cap) < mean:
+        high += 1.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        if clipped_lognormal_mean(middle, sigma, cap) < mean:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int, n: int) -> np.ndarray:
+    mu = fit_lognormal_mu(mean, sigma, cap)
+    return np.clip(np.rint(rng.lognormal(mu, sigma, n)), 1, cap).astype(np.int64)
+
+
+def _poisson_arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
+    if rate is None:
+        return np.zeros(n)
+    if rate <= 0:
+        raise ValueError(f"rate must be positive (requests per decode step), got {rate}")
+    gaps = rng.exponential(1.0 / rate, n)
+    return np.concatenate(([0.0], np.cumsum(gaps[:-1]))) if n else gaps
+
+
+def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: int = 0, *,
+                      rate: float | None = 1.0, max_len: int = 2048,
+                      spec: WorkloadSpec | None = None) -> list[TraceRequest]:
+    """Draw ``num_requests`` requests with log-normal lengths and Poisson arrivals.
+
+    ``name`` picks a spec from ``WORKLOADS`` (``spec`` overrides it). Lengths are fitted so their
+    means match the spec after clipping; ``prompt + output <= max_len``. ``rate`` is in requests
+    per decode step; ``None`` makes every request arrive at step 0.
+    """
+    if spec is None:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+        spec = WORKLOADS[name]
+    if num_requests < 0 or max_len < 2:
+        raise ValueError(f"need num_requests >= 0 and max_len >= 2, got {num_requests}, {max_len}")
+    rng = np.random.default_rng(seed)
+    prompt = _lengths(rng, spec.prompt_mean, spec.prompt_sigma, max_len - 1, num_requests)
+    output = _lengths(rng, spec.output_mean, spec.output_sigma, max_len - 1, num_requests)
+    output = np.minimum(output, max_len - prompt)
+    arrivals = _poisson_arrivals(rng, num_requests, rate)
+    return [TraceRequest(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
+
+
+PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "num_prompt_tokens", "input_len",
+                  "input_tokens", "input_length", "num_input_tokens", "context_tokens", "prompt",
+                  "input")
+OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "num_output_tokens",
+                  "completion_tokens", "generated_tokens", "response_tokens", "response_len",
+                  "output", "completion")
+ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time")
+
+
+def _normalise(column: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", column.strip())
+                  .lower()).strip("_")
+
+
+def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...], what: str,
+                 path: Path, required: bool = True) -> str | None:
+    names = {_normalise(h): h for h in header}
+    if wanted is not None:
+        if wanted in header:
+            return wanted
+        if _normalise(wanted) in names:
+            return names[_normalise(wanted)]
+        raise TraceFormatError(f"{path}: no column {wanted!r}; the file has {header}")
+    for alias in aliases:
+        if alias in names:
+            return names[alias]
+    if required:
+        raise TraceFormatError(
+            f"{path}: found no {what} column among {header}; name one of {list(aliases)} "
+            f"or pass it explicitly (--{what}-column NAME)")
+    return None
+
+
+def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
+                   output_column: str | None = None, arrival_column: str | None = None,
+                   rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
+    """Read requests from a CSV with prompt- and output-token columns (names matched loosely).
+
+    An arrival column (in decode steps) is used if present; otherwise arrivals are Poisson at
+    ``rate`` requests per step, drawn with ``seed``. Raises ``TraceFormatError`` on a missing
+    column or a value that is not a non-negative whole number (prompts need at least one token).
+    """
+    path = Path(path)
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        if not header:
+            raise TraceFormatError(f"{path}: empty file, expected a header row")
+        p_col = _find_column(header, prompt_column, PROMPT_COLUMNS, "prompt", path)
+        o_col = _find_column(header, output_column, OUTPUT_COLUMNS, "output", path)
+        a_col = _find_column(header, arrival_column, ARRIVAL_COLUMNS, "arrival", path, False)
+        rows = list(reader)
+    requests = []
+    arrivals = _poisson_arrivals(np.random.default_rng(seed), len(rows), rate)
+    for line, (row, arrival) in enumerate(zip(rows, arrivals), start=2):
+        try:
+            prompt, output = float(row[p_col]), float(row[o_col])
+            arrival = float(row[a_col]) if a_col else float(arrival)
+        except (TypeError, ValueError):
+            raise TraceFormatError(f"{path}, line {line}: expected numbers in {p_col!r} and "
+                                   f"{o_col!r}, got {row.get(p_col)!r} and {row.get(o_col)!r}")
+        if prompt < 1 or output < 0 or prompt != int(prompt) or output != int(output):
+            raise TraceFormatError(f"{path}, line {line}: token counts must be whole numbers, "
+                                   f"prompt >= 1 and output >= 0; got {prompt}, {output}")
+        requests.append(TraceRequest(arrival, int(prompt), int(output)))
+    return requests
+
+
+POLICIES = ("max", "pow2", "oracle", "paged")
+
+
+def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
+    """Tokens a contiguous policy reserves for a request that will store ``total_len`` tokens."""
+    if not 1 <= total_len <= max_len:
+        raise ValueError(f"total_len must be in [1, max_len={max_len}], got {total_len}")
+    if policy == "max":
+        return max_len
+    if policy == "pow2":
+        return min(max_len, 1 << (total_len - 1).bit_length())
+    if policy == "oracle":
+        return total_len
+    raise ValueError(f"{policy!r} is not a contiguous policy; choose max, pow2 or oracle")
+
+
+class FirstFitAllocator:
+    """Contiguous regions of a ``capacity``-token space: first fit, free neighbours merged."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self._starts: list[int] = [0]   # free holes, sorted by address
+        self._sizes: list[int] = [capacity]
+        self._regions: dict[int, int] = {}  # allocated start -> size
+        self.free_tokens = capacity
+
+    def allocate(self, size: int) -> int | None:
+        """Start of a new region of ``size`` tokens, or None if no hole is large enough."""
+        if size <= 0:
+            raise ValueError(f"size must be positive, got {size}")
+        for i, hole in enumerate(self._sizes):
+            if hole >= size:
+                start = self._starts[i]
+                if hole == size:
+                    del self._starts[i], self._sizes[i]
+                else:
+                    self._starts[i] += size
+                    self._sizes[i] -= size
+                self._regions[start] = size
+                self.free_tokens -= size
+                return start
+        return None
+
+    def free(self, start: int) -> None:
+        """Return the region that starts at ``start``; merge it with free neighbours."""
+        if start not in self._regions:
+            raise ValueError(f"no allocated region starts at {start} (double free?)")
+        size = self._regions.pop(start)
+        self.free_tokens += size
+        i = bisect.bisect_left(self._starts, start)
+        self._starts.insert(i, start)
+        self._sizes.insert(i, size)
+        if i + 1 < len(self._starts) and start + size == self._starts[i + 1]:  # merge right
+            self._sizes[i] += self._sizes.pop(i + 1)
+            del self._starts[i + 1]
+        if i > 0 and self._starts[i - 1] + self._sizes[i - 1] == start:  # merge left
+            self._sizes[i - 1] += self._sizes.pop(i)
+            del self._starts[i]
+
+    def holes(self) -> list[tuple[int, int]]:
+        """Free holes as (start, size), by address."""
+        return list(zip(self._starts, self._sizes))
+
+    def largest_hole(self) -> int:
+        return max(self._sizes, default=0)
+
+
+_SERIES = ("token_states", "reservation", "internal", "external", "free", "running", "waiting")
+
+
+@dataclass
+class SimulationResult:
+    """Token counts per recorded step (numpy arrays), and totals, of one simulated run."""
+
+    policy: str
+    budget_tokens: int
+    block_size: int | None
+    max_len: int
+    num_requests: int
+    steps: np.ndarray
+    token_states: np.ndarray
+    reservation: np.ndarray
+    internal: np.ndarray
+    external: np.ndarray
+    free: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    generated_tokens: int
+    preemptions: int
+    truncated: int
+
+    @property
+    def busy(self) -> np.ndarray:
+        """Mask of the steps in which a request was waiting (all steps if there were none)."""
+        mask = self.waiting > 0
+        return mask if mask.any() else np.ones_like(mask)
+
+    def shares(self) -> dict[str, float]:
+        """Mean fraction of the budget in each state over the busy steps; they sum to 1."""
+        mask = self.busy
+        return {name: float(getattr(self, name)[mask].mean() / self.budget_tokens)
+                for name in _SERIES[:5]}
+
+    def summary(self) -> dict:
+        """JSON-ready result: the shares, concurrency, and what the run did."""
+        mask = self.busy
+        busy_steps = int((self.waiting > 0).sum())
+        total_steps = int(self.steps[-1]) + 1 if len(self.steps) else 0
+        return {
+            "policy": self.policy, "budget_tokens": self.budget_tokens,
+            "block_size": self.block_size, "max_len": self.max_len,
+            **{k: round(v, 6) for k, v in self.shares().items()},
+            "mean_running": round(float(self.running[mask].mean()), 3) if len(mask) else 0.0,
+            "requests": self.num_requests, "steps": total_steps, "busy_steps": busy_steps,
+            "tokens_per_step": round(self.generated_tokens / max(total_steps, 1), 3),
+            "preemptions": self.preemptions, "truncated": self.truncated,
+        }
+
+
+def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens: int = 16384, *,
+             block_size: int = 16, max_len: int = 2048, max_running: int | None = None,
+             watermark: float = 0.01) -> SimulationResult:
+    """Replay ``requests`` against a KV budget of ``budget_tokens`` under ``policy``.
+
+    One step: arrivals join the queue; running requests store one token each (``paged``
+    allocates a block when one is full, preempting the latest admitted request if none is
+    free); waiting requests are admitted first come, first served, while memory (and
+    ``max_running``) allows; the state of every slot is recorded; requests that reached their
+    final length finish and free their memory. Lengths above ``max_len`` are truncated.
+    Under ``paged``, a request is admitted only if ``watermark`` (a fraction of all blocks) stays
+    free after its prompt's blocks, so running requests have room to grow (vLLM's default: 0.01).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+    if budget_tokens <= 0 or block_size <= 0 or max_len <= 0:
+        raise ValueError("budget_tokens, block_size and max_len must be positive, got "
+                         f"{budget_tokens}, {block_size}, {max_len}")
+    paged = policy == "paged"
+    requests = sorted(requests, key=lambda r: r.arrival)
+    n = len(requests)
+    arrival = np.array([r.arrival for r in requests], dtype=float)
+    prompt = np.array([min(r.prompt_len, max_len) for r in requests], dtype=np.int64)
+    final = np.array([min(r.total_len, max_len) for r in requests], dtype=np.int64)
+    truncated = sum(r.total_len > max_len for r in requests)
+    if paged:
+        need_most = -(-int(final.max(initial=0)) // block_size) * block_size
+        free_blocks = budget_tokens // block_size
+        usable_budget = free_blocks * block_size
+        reserve = int(watermark * free_blocks)
+    else:
+        need_most = max((reservation_tokens(policy, int(f), max_len) for f in final), default=0)
+        heap = FirstFitAllocator(budget_tokens)
+        usable_budget = budget_tokens
+    if need_most > usable_budget:
+        raise ValueError(f"a request needs {need_most} tokens under {policy!r} but only "
+                         f"{usable_budget} fit in the budget: raise budget_tokens or lower max_len")
+
+    length = prompt.copy()  # tokens stored (kept across a preemption: recomputed on readmission)
+    owned = np.zeros(n, dtype=np.int64)  # slots owned: reservation, or blocks * block_size
+    start = np.zeros(n, dtype=np.int64)  # region start (contiguous policies)
+    waiting: deque[int] = deque()
+    running: list[int] = []  # in admission order
+    records = {name: [] for name in ("steps",) + _SERIES}
+    next_arrival, finished, step, generated, preemptions = 0, 0, 0, 0, 0
+
+    while finished < n:
+        if not running and not waiting and arrival[next_arrival] > step:
+            step = int(math.ceil(arrival[next_arrival]))  # idle: skip to the next arrival
+        while next_arrival < n and arrival[next_arrival] <= step:
+            waiting.append(next_arrival)
+            next_arrival += 1
+        if running:  # decode: every running request stores one more token
+            ids = np.asarray(running)
+            length[ids] += 1
+            generated += len(ids)
+            if paged:
+                for rid in ids[length[ids] > owned[ids]].tolist():
+                    while free_blocks == 0 and rid in running:
+                        victim = running.pop()  # preempt the latest admitted request
+                        free_blocks += int(owned[victim]) // block_size
+                        owned[victim] = 0
+                        length[victim] -= 1  # its token of this step was not computed
+                        generated -= 1
+                        waiting.appendleft(victim)
+                        preemptions += 1
+                    if rid in running:
+                        free_blocks -= 1
+                        owned[rid] += block_size
+        memory_blocked = False
+        while waiting:  # admit first come, first served
+            rid = waiting[0]
+            if max_running is not None and len(running) >= max_running:
+                break
+            if paged:
+                blocks = -(-int(length[rid]) // block_size)
+                if blocks > free_blocks - (reserve if running else 0):
+                    memory_blocked = True
+                    break
+                free_blocks -= blocks
+                owned[rid] = blocks * block_size
+            else:
+                size = reservation_tokens(policy, int(final[rid]), max_len)
+                where = heap.allocate(size)
+                if where is None:
+                    memory_blocked = True
+                    break
+                start[rid], owned[rid] = where, size
+            running.append(waiting.popleft())
+        ids = np.asarray(running, dtype=np.int64)
+        stored, mine, ends = length[ids], owned[ids], final[ids]
+        usable = np.minimum(mine, ends)
+        idle = budget_tokens - int(mine.sum())
+        for name, value in (("steps", step), ("token_states", int(stored.sum())),
+                            ("reservation", int((usable - stored).sum())),
+                            ("internal", int((mine - usable).sum())),
+                            ("external", idle if memory_blocked else 0),
+                            ("free", 0 if memory_blocked else idle),
+                            ("running", len(running)), ("waiting", len(waiting))):
+            records[name].append(value)
+        done = ids[stored >= ends].tolist()
+        if done:
+            for rid in done:
+                if paged:
+                    free_blocks += int(owned[rid]) // block_size
+                else:
+                    heap.free(int(start[rid]))
+                owned[rid] = 0
+            finished += len(done)
+            done_set = set(done)
+            running = [rid for rid in running if rid not in done_set]
+        step += 1
+
+    arrays = {name: np.asarray(values, dtype=np.int64) for name, values in records.items()}
+    return SimulationResult(policy, budget_tokens, block_size if paged else None, max_len, n,
+                            generated_tokens=generated, preemptions=preemptions,
+                            truncated=int(truncated), **arrays)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: simulate one policy on a trace or a generated workload; print JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m minipaged.fragmentation",
+        description="Where KV memory goes under one allocation policy (one JSON object).")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--trace", type=Path, help="CSV with prompt- and output-token columns")
+    source.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
+    parser.add_argument("--policy", choices=POLICIES, default="paged")
+    parser.add_argument("--budget-tokens", type=int, default=16384)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-len", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-requests", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=1.0, help="arrivals per decode step")
+    parser.add_argument("--prompt-column", help="name of the prompt-token column of --trace")
+    parser.add_argument("--output-column", help="name of the output-token column of --trace")
+    args = parser.parse_args(argv)
+    try:
+        if args.trace is not None:
+            requests = read_trace_csv(args.trace, prompt_column=args.prompt_column,
+                                      output_column=args.output_column, rate=args.rate,
+                                      seed=args.seed)
+        else:
+            requests = generate_workload(args.workload, args.num_requests, args.seed,
+                                         rate=args.rate, max_len=args.max_len)
+        result = simulate(requests, args.policy, args.budget_tokens,
+                          block_size=args.block_size, max_len=args.max_len)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    summary = result.summary()
+    summary["source"] = str(args.trace) if args.trace else f"{args.workload} seed {args.seed}"
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook
+    sys.exit(main())
