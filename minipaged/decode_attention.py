@@ -1,0 +1,240 @@
+# GENERATED from chapters/08_paged_attention.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""Paged decode attention: one query token per sequence against its paged K/V, in Triton."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines: before triton)
+import triton
+import triton.language as tl
+
+from minipaged.kv_cache import PagedKVCache
+
+__all__ = [
+    "paged_attention",
+    "paged_attention_reference",
+    "PagedAttentionError",
+    "choose_num_splits",
+]
+
+
+class PagedAttentionError(ValueError):
+    """Arguments of paged_attention that do not fit each other or the cache."""
+
+
+def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                              scale: float | None = None) -> torch.Tensor:
+    """Decode attention in fp32, one sequence at a time through ``cache.gather``: ``[B, Hq, D]``."""
+    batch, num_heads, head_dim = query.shape
+    group = num_heads // cache.num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    out = torch.zeros(batch, num_heads, head_dim, dtype=torch.float32, device=query.device)
+    for b in range(batch):
+        length = int(seq_lens[b])
+        if length == 0:
+            continue
+        table = block_tables[b, : -(-length // cache.block_size)]
+        k, v = (x.float().repeat_interleave(group, dim=1) for x in cache.gather(layer, table, length))
+        scores = torch.einsum("hd,thd->ht", query[b].float(), k) * scale
+        out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), v)
+    return out
+
+
+@triton.jit
+def _paged_decode_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
+        scale_log2, tokens_per_split,
+        stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
+        stride_block, stride_token, stride_head,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        PRECISION: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    length = tl.load(lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(length, start + tokens_per_split)
+
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = kv_head * GROUP + rows
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    table_row = tables_ptr + b * stride_table
+    head_base = kv_head * stride_head
+    tokens = tl.arange(0, TILE)
+
+    m = tl.full([GROUP_PAD], -float("inf"), dtype=tl.float32)
+    l = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    for tile_start in range(start, end, TILE):
+        positions = tile_start + tokens
+        valid = positions < end
+        if BLOCK_SIZE >= TILE:      # the tile lies in one block: one table entry, contiguous rows
+            block = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
+            token_offsets = block * stride_block + (tile_start % BLOCK_SIZE + tokens) * stride_token
+        else:                       # the tile spans TILE // BLOCK_SIZE blocks: one entry per row
+            block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+            token_offsets = block * stride_block + (positions % BLOCK_SIZE) * stride_token
+        offsets = token_offsets[:, None] + head_base + dims[None, :]
+        kv_mask = valid[:, None] & dim_ok[None, :]
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2   # [GROUP_PAD, TILE]
+        scores = tl.where(valid[None, :], scores, -float("inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    safe_l = tl.where(l > 0, l, 1.0)
+    result = acc / safe_l[:, None]              # a split with no token leaves 0 (and l = 0)
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 result.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:                                       # partial result of this split, merged below
+        part = (b * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split    # [B, Hq, splits]
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result, mask=out_mask)
+        tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
+        tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    split_ok = splits < NUM_SPLITS
+    part = (b * tl.num_programs(1) + h) * NUM_SPLITS + splits
+    m = tl.load(part_ml_ptr + 2 * part, mask=split_ok, other=-float("inf"))
+    l = tl.load(part_ml_ptr + 2 * part + 1, mask=split_ok, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == -float("inf"), 0.0, m_max)       # an empty sequence: all weights 0
+    weight = tl.where(l > 0, tl.exp2(m - m_max) * l, 0.0)
+    partial = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :],
+                      mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+    total = tl.sum(weight, axis=0)
+    result = tl.sum(weight[:, None] * partial, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + dims, result.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4                    # the interpreter: small, so that CPU runs exercise the split path
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device,
+                      min_tokens_per_split: int = 256, waves: int = 4) -> int:
+    """Split-KV factor: about ``waves`` programs per SM, each over >= ``min_tokens_per_split`` tokens."""
+    programs = batch * num_kv_heads
+    wanted = -(-waves * _num_sms(device) // programs)
+    return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
+
+
+def _tile_size(block_size: int, head_dim: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return 16                   # interpreter: the smallest tile tl.dot accepts on GPUs too
+    tile = 64 if head_dim <= 128 else 32
+    return tile if block_size < tile or block_size % tile == 0 else min(tile, block_size)
+
+
+def _check_inputs(query, cache, layer, block_tables, seq_lens):
+    if query.dim() != 3:
+        raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], got {list(query.shape)}")
+    batch, num_heads, head_dim = query.shape
+    if head_dim != cache.head_dim:
+        raise PagedAttentionError(f"query head_dim {head_dim} != cache head_dim {cache.head_dim}")
+    if num_heads % cache.num_kv_heads:
+        raise PagedAttentionError(f"{num_heads} query heads are not a multiple of the cache's "
+                                  f"{cache.num_kv_heads} KV heads")
+    if query.dtype != cache.dtype:
+        raise PagedAttentionError(f"query is {query.dtype} but the cache holds {cache.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
+        raise PagedAttentionError(f"block_tables must be int32 [batch={batch}, max_blocks], got "
+                                  f"{block_tables.dtype} {list(block_tables.shape)}")
+    if seq_lens.shape != (batch,) or seq_lens.dtype != torch.int32:
+        raise PagedAttentionError(f"seq_lens must be int32 [batch={batch}], got {seq_lens.dtype} "
+                                  f"{list(seq_lens.shape)}")
+    for name, tensor in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if tensor.device != cache.storage.device:
+            raise PagedAttentionError(f"{name} is on {tensor.device}, the cache on {cache.storage.device}")
+    cache.key_cache(layer)  # raises for a layer out of range
+
+
+def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float | None = None,
+                    num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention of ``query[B, Hq, D]`` over each sequence's paged K/V: ``[B, Hq, D]``.
+
+    Sequence ``b`` attends to its first ``seq_lens[b]`` tokens, found through
+    ``block_tables[b, t // block_size]``; query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+    ``scale`` defaults to ``1/sqrt(D)``; ``num_splits`` (split-KV factor) is chosen when ``None``.
+    A sequence of length 0 gets zeros. Entries of ``block_tables`` past a sequence's length are
+    never read. ``out``, if given, is a tensor like ``query`` that receives the result.
+    """
+    _check_inputs(query, cache, layer, block_tables, seq_lens)
+    batch, num_heads, head_dim = query.shape
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+        raise PagedAttentionError(f"out must be like query ({query.dtype} {list(query.shape)} on "
+                                  f"{query.device}), got {out.dtype} {list(out.shape)} on {out.device}")
+    if batch == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    group = num_heads // cache.num_kv_heads
+    device = query.device
+    tile = _tile_size(cache.block_size, head_dim, device)
+    max_tokens = block_tables.shape[1] * cache.block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
+    granule = max(tile, cache.block_size)
+    tokens_per_split = -(-max(max_tokens, 1) // num_splits)
+    tokens_per_split = -(-tokens_per_split // granule) * granule
+    num_splits = max(1, -(-max_tokens // tokens_per_split))
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    dim_pad = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_out = torch.empty(batch, num_heads, num_splits, dim_pad, dtype=torch.float32, device=device)
+        part_ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=device)
+    else:
+        part_out = part_ml = out   # unused
+    stride_block, stride_token, stride_head = cache.strides()
+    _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
+        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens, out,
+        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        stride_block, stride_token, stride_head,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile, NUM_SPLITS=num_splits,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=3 if device.type == "cuda" else 1)
+    if num_splits > 1:
+        _merge_splits_kernel[(batch, num_heads)](
+            part_out, part_ml, out, out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+    return out
