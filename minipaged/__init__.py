@@ -88,9 +88,26 @@ _PUBLIC = {
     "attention_parity": "qwen3",
     "GreedyTrace": "qwen3",
     "greedy_generate": "qwen3",
+    "SamplingParams": "scheduler",
+    "SequenceStatus": "scheduler",
+    "Sequence": "scheduler",
+    "SchedulerConfig": "scheduler",
+    "ScheduledChunk": "scheduler",
+    "SchedulerOutput": "scheduler",
+    "StepStats": "scheduler",
+    "Scheduler": "scheduler",
+    "SchedulerError": "scheduler",
+    "PromptTooLongError": "scheduler",
+    "make_generator": "engine",
+    "sample": "engine",
+    "CompletionOutput": "engine",
+    "RequestOutput": "engine",
+    "RunStats": "engine",
+    "EngineError": "engine",
+    "LLM": "engine",
 }
 
-__all__ = ['BlockAddress', 'BlockManagerError', 'BlockTableError', 'DTYPE_BYTES', 'DoubleReleaseError', 'FirstFitAllocator', 'ForwardBatch', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'LAYOUTS', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'SequenceExistsError', 'SequenceState', 'SimulationResult', 'StepPendingError', 'StepReservation', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'apply_rope', 'attention_parity', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'fit_lognormal_mu', 'format_bytes', 'generate_workload', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'needs_new_block', 'paged_attention', 'paged_attention_reference', 'parameter_count', 'physical_address', 'prefill_attention', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'simulate', 'slot_for', 'slot_to_address', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
+__all__ = ['BlockAddress', 'BlockManagerError', 'BlockTableError', 'CompletionOutput', 'DTYPE_BYTES', 'DoubleReleaseError', 'EngineError', 'FirstFitAllocator', 'ForwardBatch', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'LAYOUTS', 'LLM', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'PromptTooLongError', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'RequestOutput', 'RunStats', 'SamplingParams', 'ScheduledChunk', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SchedulerOutput', 'Sequence', 'SequenceExistsError', 'SequenceState', 'SequenceStatus', 'SimulationResult', 'StepPendingError', 'StepReservation', 'StepStats', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'apply_rope', 'attention_parity', 'block_bytes', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'fit_lognormal_mu', 'format_bytes', 'generate_workload', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'make_generator', 'needs_new_block', 'paged_attention', 'paged_attention_reference', 'parameter_count', 'physical_address', 'prefill_attention', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'sample', 'simulate', 'slot_for', 'slot_to_address', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
 
 
 def __getattr__(name):

@@ -172,7 +172,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     if required:
         raise TraceFormatError(
             f"{path}: found no {what} column among {header}; name one of {list(aliases)} "
-            f"or pass it explicitly (--{what}-column NAME)")
+            f"or pass it explicitly ({what}_column=NAME, or --{what}-column NAME on the command line)")
     return None
 
 
