@@ -1,0 +1,473 @@
+# GENERATED from chapters/04_block_manager.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""The block manager: a free list, block tables, slot mapping, and atomic step reservation.
+
+``TeachingBlockManager`` is the smallest manager that works; ``KVBlockManager`` is the one the rest
+of the package builds on (chapter 5 adds sharing, chapter 6 prefix caching).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = [
+    "BlockManagerError",
+    "NoFreeBlocksError",
+    "UnknownSequenceError",
+    "DoubleReleaseError",
+    "SequenceExistsError",
+    "StepPendingError",
+    "TeachingBlockManager",
+    "SequenceState",
+    "FreeBlockList",
+    "StepReservation",
+    "compute_slot_mapping",
+    "KVBlockManager",
+]
+
+
+class BlockManagerError(Exception):
+    """Base class of every error the block managers raise."""
+
+
+class NoFreeBlocksError(BlockManagerError, MemoryError):
+    """Not enough free blocks for an operation; the manager was left exactly as it was."""
+
+    def __init__(self, needed: int, available: int, what: str = "this operation") -> None:
+        self.needed, self.available = needed, available
+        super().__init__(
+            f"{what} needs {needed} free KV block(s) but only {available} are free; nothing was "
+            "changed. Release or preempt a sequence, or retry with fewer tokens.")
+
+
+class TeachingBlockManager:
+    """The smallest working block manager: a free list, a table and a length per request.
+
+    ``append(request)`` places the request's next token and returns its slot
+    (``physical_block * block_size + offset``); ``free(request)`` returns its blocks.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.free_list: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
+        self.tables: dict[Hashable, list[int]] = {}
+        self.lengths: dict[Hashable, int] = {}
+
+    def append(self, request: Hashable) -> int:
+        length = self.lengths.get(request, 0)
+        table = self.tables.get(request, [])
+        if length == len(table) * self.block_size:  # no block yet, or the last one is full
+            if not self.free_list:
+                raise NoFreeBlocksError(1, 0, f"token {length} of request {request!r}")
+            table = table + [self.free_list.pop()]
+        self.tables[request] = table
+        self.lengths[request] = length + 1
+        return table[-1] * self.block_size + length % self.block_size
+
+    def free(self, request: Hashable) -> None:
+        self.free_list.extend(reversed(self.tables.pop(request)))
+        del self.lengths[request]
+
+
+class UnknownSequenceError(BlockManagerError, KeyError):
+    """An operation named a sequence the manager does not hold."""
+
+    def __init__(self, seq_id: Hashable, hint: str = "create_sequence() it first") -> None:
+        self.seq_id = seq_id
+        super().__init__(f"no live sequence {seq_id!r}: {hint}")
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class DoubleReleaseError(UnknownSequenceError):
+    """A sequence was released twice: the second release would free its blocks again."""
+
+    def __init__(self, seq_id: Hashable) -> None:
+        super().__init__(seq_id, "it was already released (a second release would free its "
+                                 "blocks twice); release each sequence exactly once")
+
+
+class SequenceExistsError(BlockManagerError, ValueError):
+    """``create_sequence`` (or ``fork``) was given an id that is already live."""
+
+    def __init__(self, seq_id: Hashable) -> None:
+        self.seq_id = seq_id
+        super().__init__(f"sequence {seq_id!r} already exists: pick a fresh id or release it first")
+
+
+class StepPendingError(BlockManagerError, RuntimeError):
+    """A step is reserved but neither committed nor aborted, and the call would change its blocks."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"cannot {what} while a step is reserved: commit_step() or abort_step() first")
+
+
+@dataclass
+class SequenceState:
+    """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved for the step."""
+
+    seq_id: Hashable
+    length: int = 0
+    block_table: list[int] = field(default_factory=list)
+    reserved: int = 0
+
+    def blocks_for(self, num_tokens: int, block_size: int) -> int:
+        """Table entries needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // block_size)
+
+
+class FreeBlockList:
+    """Free physical blocks in a FIFO queue: ``pop`` the oldest-freed block, ``push`` to the back."""
+
+    def __init__(self, blocks: Iterable[int]) -> None:
+        self._queue: deque[int] = deque(blocks)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._queue)
+
+    def pop(self) -> int:
+        return self._queue.popleft()
+
+    def push(self, block: int) -> None:
+        self._queue.append(block)
+
+    def unpop(self, block: int) -> None:
+        """Put a block back at the front, undoing a ``pop``."""
+        self._queue.appendleft(block)
+
+
+def compute_slot_mapping(table_slices: Sequence[Sequence[int]], first_blocks: Sequence[int],
+                         starts: Sequence[int], counts: Sequence[int], block_size: int) -> np.ndarray:
+    """Slots of ``counts[i]`` new tokens starting at position ``starts[i]`` of each sequence.
+
+    ``table_slices[i]`` is the part of sequence i's block table from logical block
+    ``first_blocks[i]`` on that covers its new tokens. Returns int64 slots, sequence by sequence.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    first_blocks = np.asarray(first_blocks, dtype=np.int64)
+    slice_lengths = np.fromiter((len(s) for s in table_slices), dtype=np.int64, count=len(table_slices))
+    flat = np.fromiter((b for s in table_slices for b in s), dtype=np.int64, count=int(slice_lengths.sum()))
+    slice_base = np.cumsum(slice_lengths) - slice_lengths           # where each slice starts in `flat`
+    row = np.repeat(np.arange(len(counts)), counts)                 # which sequence each new token is
+    token_base = np.cumsum(counts) - counts
+    positions = starts[row] + np.arange(int(counts.sum())) - token_base[row]
+    blocks = flat[slice_base[row] + positions // block_size - first_blocks[row]]
+    return blocks * block_size + positions % block_size
+
+
+@dataclass
+class StepReservation:
+    """The blocks and slots of one reserved model step, handed to the engine until commit or abort.
+
+    ``slot_mapping`` and ``positions`` have one int64 entry per new token, sequence by sequence in
+    ``seq_ids`` order; ``seq_lens`` (int32) is each sequence's length after the step;
+    ``copies`` are (src, dst) block copies the cache must run before writing (chapter 5).
+    """
+
+    step_id: int
+    seq_ids: tuple[Hashable, ...]
+    num_new_tokens: tuple[int, ...]
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    new_blocks: dict[Hashable, list[int]]
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    undo: list[tuple] = field(default_factory=list, repr=False)
+    states: list[SequenceState] = field(default_factory=list, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.num_new_tokens))
+
+
+class KVBlockManager:
+    """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every sequence's table.
+
+    A model step is ``reserve_step`` (all blocks of the batch, or none) -> run the model with the
+    returned slot mapping -> ``commit_step`` (lengths advance) or ``abort_step`` (nothing happened).
+    ``append_token`` is a one-token step reserved and committed at once.
+    """
+
+    _RELEASED_MEMORY = 1 << 16  # how many released ids are remembered to report double releases
+
+    def __init__(self, num_physical_blocks: int, block_size: int) -> None:
+        for name, value in (("num_physical_blocks", num_physical_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.num_physical_blocks = num_physical_blocks
+        self.block_size = block_size
+        self._free = self._make_free_list(range(num_physical_blocks))
+        self._seqs: dict[Hashable, SequenceState] = {}
+        self._released: OrderedDict[Hashable, None] = OrderedDict()
+        self._pending: StepReservation | None = None
+        self._next_step = 0
+
+    # -- hooks a subclass replaces (chapter 5: reference counts, chapter 6: a cached free queue) --
+    def _make_free_list(self, blocks: Iterable[int]) -> FreeBlockList:
+        return FreeBlockList(blocks)
+
+    def _take_blocks(self, n: int) -> list[int]:
+        """Take n blocks for one sequence (the caller already checked there are enough)."""
+        return [self._free.pop() for _ in range(n)]
+
+    def _drop_block(self, block: int) -> None:
+        """A table stops referencing ``block``."""
+        self._free.push(block)
+
+    def _untake_block(self, block: int) -> None:
+        """Undo ``_take_blocks`` for one block (blocks are given back in reverse order)."""
+        self._free.unpop(block)
+
+    def _new_blocks_for(self, state: SequenceState, count: int) -> int:
+        """Free blocks that writing ``count`` more tokens into ``state`` takes."""
+        needed = -(-(state.length + state.reserved + count) // self.block_size) - len(state.block_table)
+        return needed if needed > 0 else 0
+
+    # -- queries --
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self._seqs
+
+    def seq_ids(self) -> list[Hashable]:
+        return list(self._seqs)
+
+    def _state(self, seq_id: Hashable) -> SequenceState:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            if seq_id in self._released:
+                raise DoubleReleaseError(seq_id) from None
+            raise UnknownSequenceError(seq_id) from None
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """A copy of the sequence's block table (logical block j -> physical block)."""
+        return list(self._state(seq_id).block_table)
+
+    def sequence_length(self, seq_id: Hashable) -> int:
+        """Tokens of the sequence whose KV is in the cache (committed steps only)."""
+        return self._state(seq_id).length
+
+    def blocks_needed(self, num_new_tokens: Mapping[Hashable, int]) -> int:
+        """Free blocks a step writing ``num_new_tokens[seq]`` tokens per sequence would take."""
+        return sum(self._new_blocks_for(self._state(s), n) for s, n in num_new_tokens.items())
+
+    def can_reserve(self, num_new_tokens: Mapping[Hashable, int]) -> bool:
+        return self.blocks_needed(num_new_tokens) <= self.num_free_blocks
+
+    # -- lifecycle --
+    def _check_no_step(self, what: str) -> None:
+        if self._pending is not None:
+            raise StepPendingError(what)
+
+    def create_sequence(self, seq_id: Hashable) -> None:
+        """Start an empty sequence; blocks come with its first tokens."""
+        self._check_no_step(f"create sequence {seq_id!r}")
+        if seq_id in self._seqs:
+            raise SequenceExistsError(seq_id)
+        self._seqs[seq_id] = SequenceState(seq_id)
+        self._released.pop(seq_id, None)
+
+    def release_sequence(self, seq_id: Hashable) -> None:
+        """Return the sequence's blocks (last block first) and forget it."""
+        self._check_no_step(f"release sequence {seq_id!r}")
+        state = self._state(seq_id)
+        for block in reversed(state.block_table):
+            self._drop_block(block)
+        del self._seqs[seq_id]
+        self._released[seq_id] = None
+        if len(self._released) > self._RELEASED_MEMORY:
+            self._released.popitem(last=False)
+
+    # -- a model step: reserve, then commit or abort --
+    def reserve_step(self, num_new_tokens: Mapping[Hashable, int] | Iterable[Hashable]) -> StepReservation:
+        """Take every block a step needs, or raise ``NoFreeBlocksError`` and change nothing.
+
+        ``num_new_tokens`` maps each sequence of the batch to the tokens it writes this step
+        (a plain iterable of ids means one token each: a decode step).
+        """
+        self._check_no_step("reserve another step")
+        if not isinstance(num_new_tokens, Mapping):
+            ids = list(num_new_tokens)
+            num_new_tokens = dict.fromkeys(ids, 1)
+            if len(num_new_tokens) != len(ids):
+                raise ValueError("a step lists a sequence twice; give each sequence once")
+        try:
+            states = [self._seqs[s] for s in num_new_tokens]
+        except KeyError:
+            states = [self._state(s) for s in num_new_tokens]  # raises the precise error
+        counts = list(num_new_tokens.values())
+        if counts and min(counts) < 0:
+            raise ValueError(f"token counts must be >= 0, got {dict(num_new_tokens)}")
+        needed = [self._new_blocks_for(st, n) for st, n in zip(states, counts)]
+        self._ensure_free(sum(needed), f"a step of {len(states)} sequence(s)")
+        undo: list[tuple] = []
+        copies: list[tuple[int, int]] = []
+        new_blocks: dict[Hashable, list[int]] = {}
+        try:
+            for state, n, k in zip(states, counts, needed):
+                state.reserved = n
+                if k:
+                    new_blocks[state.seq_id] = self._grow(state, k, undo, copies)
+            reservation = self._describe_step(states, counts, new_blocks)
+        except BaseException:  # whatever failed half-way (a bug, an interrupt): roll back
+            self._roll_back(undo, states)
+            raise
+        reservation.copies, reservation.undo = copies, undo
+        self._next_step += 1
+        self._pending = reservation
+        return reservation
+
+    def _ensure_free(self, total: int, what: str) -> None:
+        if total > self.num_free_blocks:
+            raise NoFreeBlocksError(total, self.num_free_blocks, what)
+
+    def _grow(self, state: SequenceState, k: int, undo: list[tuple], copies: list) -> list[int]:
+        """Append ``k`` fresh blocks to ``state``'s table and log ``("grow", state, blocks)`` in ``undo``."""
+        blocks = self._take_blocks(k)
+        state.block_table.extend(blocks)
+        undo.append(("grow", state, blocks))
+        return blocks
+
+    def _undo(self, entry: tuple) -> None:
+        """Reverse one logged change of a reservation (subclasses add their own kinds)."""
+        kind, state, blocks = entry
+        if kind != "grow":
+            raise BlockManagerError(f"cannot undo a {kind!r} change")
+        del state.block_table[-len(blocks):]
+        for block in reversed(blocks):
+            self._untake_block(block)
+
+    def _describe_step(self, states: list[SequenceState], counts: list[int],
+                       new_blocks: dict[Hashable, list[int]]) -> StepReservation:
+        bs = self.block_size
+        starts = [st.length for st in states]
+        firsts = [t // bs for t in starts]
+        slices = [st.block_table[f:(t + n + bs - 1) // bs]
+                  for st, f, t, n in zip(states, firsts, starts, counts)]
+        slots = compute_slot_mapping(slices, firsts, starts, counts, bs)
+        counts_np = np.asarray(counts, dtype=np.int64)
+        starts_np = np.asarray(starts, dtype=np.int64)
+        row = np.repeat(np.arange(len(counts)), counts_np)
+        positions = starts_np[row] + np.arange(len(slots)) - (np.cumsum(counts_np) - counts_np)[row]
+        return StepReservation(
+            step_id=self._next_step, seq_ids=tuple(st.seq_id for st in states),
+            num_new_tokens=tuple(counts), slot_mapping=torch.from_numpy(slots),
+            positions=torch.from_numpy(positions),
+            seq_lens=torch.from_numpy((starts_np + counts_np).astype(np.int32)),
+            new_blocks=new_blocks, states=states)
+
+    def _check_pending(self, reservation: StepReservation) -> None:
+        if self._pending is None or reservation.step_id != self._pending.step_id:
+            raise BlockManagerError(
+                f"step {reservation.step_id} is not the reserved step "
+                f"({'none' if self._pending is None else self._pending.step_id}): commit or abort "
+                "each reservation exactly once")
+
+    def commit_step(self, reservation: StepReservation) -> None:
+        """The model wrote the step's tokens: advance every sequence's length."""
+        self._check_pending(reservation)
+        for state in reservation.states:
+            state.length += state.reserved
+            state.reserved = 0
+        self._pending = None
+
+    def abort_step(self, reservation: StepReservation) -> None:
+        """The step did not run: undo it; the manager is exactly as before ``reserve_step``."""
+        self._check_pending(reservation)
+        self._roll_back(reservation.undo, reservation.states)
+        self._pending = None
+
+    def _roll_back(self, undo: list[tuple], states: Iterable[SequenceState]) -> None:
+        for entry in reversed(undo):
+            self._undo(entry)
+        for state in states:
+            state.reserved = 0
+
+    @property
+    def pending_step(self) -> StepReservation | None:
+        return self._pending
+
+    def append_token(self, seq_id: Hashable) -> int:
+        """Place one token (a one-sequence, one-token step) and return its slot."""
+        reservation = self.reserve_step({seq_id: 1})
+        self.commit_step(reservation)
+        return int(reservation.slot_mapping[0])
+
+    def append_tokens(self, seq_id: Hashable, num_tokens: int) -> list[int]:
+        """Place ``num_tokens`` tokens at once (a prefill); all get blocks or none do."""
+        reservation = self.reserve_step({seq_id: num_tokens})
+        self.commit_step(reservation)
+        return reservation.slot_mapping.tolist()
+
+    # -- batch tensors for the kernels --
+    def get_block_table_tensor(self, seq_ids: Sequence[Hashable], pad_value: int = 0,
+                               device: torch.device | str | None = None) -> torch.Tensor:
+        """int32 [len(seq_ids), longest table], rows padded with ``pad_value`` (kernels stop at seq_lens)."""
+        tables = [self._state(s).block_table for s in seq_ids]
+        width = max((len(t) for t in tables), default=0)
+        out = np.full((len(tables), width), pad_value, dtype=np.int32)
+        for row, table in enumerate(tables):
+            out[row, :len(table)] = table
+        return torch.from_numpy(out).to(device) if device is not None else torch.from_numpy(out)
+
+    def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
+                            device: torch.device | str | None = None) -> torch.Tensor:
+        """int32 [len(seq_ids)]: tokens attention reads, including those the pending step writes."""
+        lens = torch.tensor([self._state(s).length + self._state(s).reserved for s in seq_ids],
+                            dtype=torch.int32)
+        return lens.to(device) if device is not None else lens
+
+    # -- accounting and self-checks --
+    def internal_fragmentation_tokens(self) -> int:
+        """Slots in allocated blocks that hold no token (at most block_size - 1 per sequence)."""
+        return sum(len(st.block_table) * self.block_size - st.length - st.reserved
+                   for st in self._seqs.values())
+
+    def first_inconsistency(self) -> str | None:
+        """None if every invariant holds, else a sentence naming the first block that breaks one."""
+        free = list(self._free)
+        owner: dict[int, Hashable] = {}
+        for seq_id, st in self._seqs.items():
+            if len(st.block_table) != st.blocks_for(st.length + st.reserved, self.block_size):
+                return (f"sequence {seq_id!r}: {len(st.block_table)} table entries for "
+                        f"{st.length}+{st.reserved} tokens at block size {self.block_size}")
+            for block in st.block_table:
+                if not 0 <= block < self.num_physical_blocks:
+                    return f"block {block} of sequence {seq_id!r} is outside the pool"
+                if block in owner:
+                    return f"block {block} is in the tables of both {owner[block]!r} and {seq_id!r}"
+                owner[block] = seq_id
+        seen: set[int] = set()
+        for block in free:
+            if block in seen:
+                return f"block {block} is twice in the free list"
+            if block in owner:
+                return f"block {block} is free but in the table of {owner[block]!r}"
+            seen.add(block)
+        if len(seen) + len(owner) != self.num_physical_blocks:
+            lost = sorted(set(range(self.num_physical_blocks)) - seen - set(owner))
+            return f"block {lost[0]} is neither free nor in any table (lost: {len(lost)} block(s))"
+        return None
+
+    def invariants_ok(self) -> bool:
+        """free and allocated are disjoint, together are the whole pool, no block in two tables,
+        and every table has exactly the entries its length needs."""
+        return self.first_inconsistency() is None
