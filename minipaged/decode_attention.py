@@ -49,11 +49,11 @@ def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: i
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
-        scale_log2, tokens_per_split,
+        scale_log2, tokens_per_split, num_splits, group,
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
         PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -64,9 +64,9 @@ def _paged_decode_kernel(
 
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
-    row_ok = rows < GROUP
+    row_ok = rows < group
     dim_ok = dims < HEAD_DIM
-    heads = kv_head * GROUP + rows
+    heads = kv_head * group + rows
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     table_row = tables_ptr + b * stride_table
@@ -79,7 +79,7 @@ def _paged_decode_kernel(
     for tile_start in range(start, end, TILE):
         positions = tile_start + tokens
         valid = positions < end
-        if BLOCK_SIZE >= TILE:      # the tile lies in one block: one table entry, contiguous rows
+        if BLOCK_SIZE % TILE == 0:  # the tile lies in one block: one table entry, contiguous rows
             block = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
             token_offsets = block * stride_block + (tile_start % BLOCK_SIZE + tokens) * stride_token
         else:                       # the tile spans TILE // BLOCK_SIZE blocks: one entry per row
@@ -101,26 +101,26 @@ def _paged_decode_kernel(
     safe_l = tl.where(l > 0, l, 1.0)
     result = acc / safe_l[:, None]              # a split with no token leaves 0 (and l = 0)
     out_mask = row_ok[:, None] & dim_ok[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:                                       # partial result of this split, merged below
-        part = (b * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split    # [B, Hq, splits]
+        part = (b * group * tl.num_programs(1) + heads) * num_splits + split    # [B, Hq, splits]
         tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result, mask=out_mask)
         tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
-                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                         SPLITS_PAD: tl.constexpr,
                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, DIM_PAD)
-    split_ok = splits < NUM_SPLITS
-    part = (b * tl.num_programs(1) + h) * NUM_SPLITS + splits
+    split_ok = splits < num_splits
+    part = (b * tl.num_programs(1) + h) * num_splits + splits
     m = tl.load(part_ml_ptr + 2 * part, mask=split_ok, other=-float("inf"))
     l = tl.load(part_ml_ptr + 2 * part + 1, mask=split_ok, other=0.0)
     m_max = tl.max(m, axis=0)
@@ -154,11 +154,11 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: to
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _tile_size(block_size: int, head_dim: int, device: torch.device) -> int:
+def _launch_config(block_size: int, head_dim: int, device: torch.device) -> tuple[int, int, int]:
+    """(tokens per tile, warps, pipeline stages) of the decode kernel; GPU values tuned on an H200."""
     if device.type != "cuda":
-        return 16                   # interpreter: the smallest tile tl.dot accepts on GPUs too
-    tile = 64 if head_dim <= 128 else 32
-    return tile if block_size < tile or block_size % tile == 0 else min(tile, block_size)
+        return 16, 4, 1             # interpreter: the smallest tile tl.dot accepts on GPUs too
+    return (64 if head_dim <= 128 else 32), 4, 3
 
 
 def _check_inputs(query, cache, layer, block_tables, seq_lens):
@@ -208,7 +208,7 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_heads // cache.num_kv_heads
     device = query.device
-    tile = _tile_size(cache.block_size, head_dim, device)
+    tile, num_warps, num_stages = _launch_config(cache.block_size, head_dim, device)
     max_tokens = block_tables.shape[1] * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
@@ -226,15 +226,15 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_
     stride_block, stride_token, stride_head = cache.strides()
     _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
         query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens, out,
-        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split,
+        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits, group,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_token, stride_head,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile, NUM_SPLITS=num_splits,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile, SPLIT=num_splits > 1,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=3 if device.type == "cuda" else 1)
+        num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](
-            part_out, part_ml, out, out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
+            part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
     return out
