@@ -1,0 +1,538 @@
+# GENERATED from chapters/09_qwen3.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""Qwen3 on the paged KV cache: a decoder whose attention writes and reads minipaged's block pool.
+
+The model reads a flat batch of new tokens (`ForwardBatch`): their ids and positions, the cache slot
+each token's key/value goes to, and, for attention over cached tokens, block tables and sequence
+lengths. Prefill attends per sequence with SDPA (after reading any cached prefix back with
+`PagedKVCache.gather`); decode reads the cache with `paged_attention`. Weights come from a
+transformers `Qwen3ForCausalLM`, which is also the reference every check compares against.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minipaged.decode_attention import paged_attention
+from minipaged.kv_cache import PagedKVCache
+
+__all__ = [
+    "UnsupportedConfigError",
+    "HubUnavailableError",
+    "tiny_qwen3_config",
+    "qwen3_0_6b_config",
+    "random_qwen3",
+    "load_hub_qwen3",
+    "RMSNorm",
+    "rope_inv_freq",
+    "rope_cos_sin",
+    "apply_rope",
+    "ForwardBatch",
+    "prefill_attention",
+    "Qwen3PagedAttention",
+    "Qwen3PagedMLP",
+    "Qwen3PagedLayer",
+    "Qwen3PagedModel",
+    "reference_greedy",
+    "ATTENTION_TOLERANCE",
+    "LOGITS_TOLERANCE",
+    "attention_parity",
+    "GreedyTrace",
+    "greedy_generate",
+]
+
+
+class UnsupportedConfigError(ValueError):
+    """The transformers config asks for a feature this model does not implement."""
+
+
+class HubUnavailableError(RuntimeError):
+    """A pretrained model or tokenizer could not be loaded from the Hugging Face hub."""
+
+
+def tiny_qwen3_config(**overrides):
+    """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, vocab 512, GQA 4:2.
+
+    Untied embeddings and ``initializer_range=0.2`` keep a random model's greedy output varied.
+    """
+    from transformers import Qwen3Config
+
+    settings = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    settings.update(overrides)
+    return Qwen3Config(**settings)
+
+
+def qwen3_0_6b_config(**overrides):
+    """Qwen3-0.6B's exact shape (28 layers, hidden 1024, 16 query / 8 KV heads, head_dim 128).
+
+    The published model ties its embeddings; for random-weight parity runs pass
+    ``tie_word_embeddings=False, initializer_range=0.2`` (see ``tiny_qwen3_config``).
+    """
+    settings = dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    settings.update(overrides)
+    return tiny_qwen3_config(**settings)
+
+
+def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, attn_implementation: str = "eager"):
+    """A transformers ``Qwen3ForCausalLM`` with random weights drawn from a fixed seed.
+
+    Never touches the network. Generation is set up for parity runs: no EOS stop, pad id 0.
+    """
+    from transformers import Qwen3ForCausalLM
+
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = Qwen3ForCausalLM(config)
+    model = model.to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *, dtype: torch.dtype = torch.bfloat16,
+                   device: torch.device | str | None = None, local_files_only: bool = False):
+    """``(model, tokenizer)`` of a pretrained Qwen3 from the Hugging Face hub (or its local cache).
+
+    ``local_files_only=True`` never opens a connection. Raises ``HubUnavailableError`` with what to
+    do when the model cannot be loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager",
+                                                     local_files_only=local_files_only)
+    except OSError as error:  # no connection, offline mode without a cached copy, unknown name
+        raise HubUnavailableError(
+            f"could not load {name!r} from the Hugging Face hub: {error}. Check the network (or "
+            "unset HF_HUB_OFFLINE), or run with the offline random model (random_qwen3)."
+        ) from error
+    return model.to(device or "cpu").eval(), tokenizer
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last axis: fp32 statistics, cast back, then the gain."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """Inverse frequencies of the rotary embedding, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [N, D] for tokens at ``positions`` [N]: angles in fp32, then cast to ``dtype``."""
+    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [N, H, D] by each token's angles; dimension i pairs with i + D/2."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+@dataclass
+class ForwardBatch:
+    """One model step for a batch of sequences, over a flat axis of their new tokens.
+
+    Sequence ``i`` contributes ``query_lens[i]`` new tokens (a prompt, a prompt suffix after a cached
+    prefix, or one decode token) on top of ``context_lens[i]`` tokens already in the cache.
+    ``block_tables`` [B, M] int32 and ``seq_lens`` [B] int32 (= context + new) describe where each
+    sequence's tokens live; ``slot_mapping`` [N] says where each new token's K/V is written
+    (-1 skips the write). ``logits_indices`` selects the rows the LM head runs on.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    block_tables: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    logits_indices: torch.Tensor | None = None
+    is_decode: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.query_lens, self.context_lens = tuple(self.query_lens), tuple(self.context_lens)
+        n, b = sum(self.query_lens), len(self.query_lens)
+        if b == 0 or min(self.query_lens) < 1:
+            raise ValueError(f"every sequence needs at least one new token, got query_lens={self.query_lens}")
+        if len(self.context_lens) != b or min(self.context_lens) < 0:
+            raise ValueError(f"context_lens must give one count >= 0 per sequence, got {self.context_lens}")
+        for name in ("input_ids", "positions", "slot_mapping"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},) = sum(query_lens), "
+                                 f"got {tuple(getattr(self, name).shape)}")
+        self.is_decode = max(self.query_lens) == 1
+        needs_tables = self.is_decode or max(self.context_lens) > 0
+        if needs_tables and (self.block_tables is None or self.seq_lens is None):
+            raise ValueError("block_tables and seq_lens are required for decode and for a cached prefix")
+        if self.block_tables is not None and self.block_tables.shape[0] != b:
+            raise ValueError(f"block_tables needs one row per sequence ({b}), got {self.block_tables.shape[0]}")
+        if self.logits_indices is None:
+            last = torch.tensor(self.query_lens).cumsum(0) - 1
+            self.logits_indices = last.to(self.input_ids.device, non_blocking=True)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def from_sequences(cls, new_tokens: list[list[int]], context_lens: list[int],
+                       block_tables: list[list[int]], block_size: int,
+                       device: torch.device | str | None = None) -> ForwardBatch:
+        """Build a batch from per-sequence new tokens, cached counts and (already grown) block tables.
+
+        Positions continue each sequence after its cached tokens; slots come from its block table:
+        ``slot = table[pos // block_size] * block_size + pos % block_size``.
+        """
+        device = device or "cpu"
+        ids, positions, slots = [], [], []
+        for tokens, start, table in zip(new_tokens, context_lens, block_tables, strict=True):
+            end = start + len(tokens)
+            if -(-end // block_size) > len(table):
+                raise ValueError(f"a block table of {len(table)} blocks cannot hold {end} tokens at "
+                                 f"block size {block_size}: allocate blocks before building the batch")
+            ids += list(tokens)
+            positions += range(start, end)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        width = max(1, max(len(t) for t in block_tables))
+        tables = [list(t) + [0] * (width - len(t)) for t in block_tables]
+        lens = [c + len(t) for c, t in zip(context_lens, new_tokens)]
+        return cls(
+            input_ids=_int_tensor(ids, torch.long, device),
+            positions=_int_tensor(positions, torch.long, device),
+            slot_mapping=_int_tensor(slots, torch.long, device),
+            query_lens=tuple(len(t) for t in new_tokens), context_lens=tuple(context_lens),
+            block_tables=_int_tensor(tables, torch.int32, device),
+            seq_lens=_int_tensor(lens, torch.int32, device),
+        )
+
+
+def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      batch: ForwardBatch, cache: PagedKVCache, layer: int, scale: float
+                      ) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and itself.
+
+    ``query`` [N, Hq, D], ``key``/``value`` [N, Hkv, D] are this step's new tokens. A sequence with
+    ``context_lens[i] > 0`` reads its prefix back from ``cache`` (``gather``) before attending.
+    Returns [N, Hq, D].
+    """
+    out = torch.empty_like(query)
+    start = 0
+    for i, (q_len, ctx) in enumerate(zip(batch.query_lens, batch.context_lens)):
+        q = query[start:start + q_len]
+        k, v = key[start:start + q_len], value[start:start + q_len]
+        if ctx:
+            k_prefix, v_prefix = cache.gather(layer, batch.block_tables[i], ctx)
+            k, v = torch.cat((k_prefix.to(k.dtype), k)), torch.cat((v_prefix.to(v.dtype), v))
+        mask = None
+        if ctx:  # query j sits at position ctx + j and may see keys 0 .. ctx + j
+            mask = (torch.arange(ctx + q_len, device=q.device)[None, :]
+                    <= ctx + torch.arange(q_len, device=q.device)[:, None])
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask, is_causal=not ctx, scale=scale, enable_gqa=True)
+        out[start:start + q_len] = o[0].transpose(0, 1)
+        start += q_len
+    return out
+
+
+class Qwen3PagedAttention(nn.Module):
+    """Qwen3 self-attention (GQA, QK-norm, RoPE) whose keys and values live in a ``PagedKVCache``."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                cache: PagedKVCache) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(self.layer_idx, k, v, batch.slot_mapping)
+        if batch.is_decode:
+            o = paged_attention(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
+                                scale=self.scale)
+        else:
+            o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+
+class Qwen3PagedMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3PagedLayer(nn.Module):
+    """Pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Qwen3PagedAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = Qwen3PagedMLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                cache: PagedKVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _check_supported(config) -> float:
+    """Reject configs this model would silently get wrong; return the RoPE theta."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedConfigError(f"rope_type {rope['rope_type']!r} is not implemented (only 'default')")
+    if getattr(config, "use_sliding_window", False):
+        raise UnsupportedConfigError("sliding-window attention is not implemented")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UnsupportedConfigError(f"hidden_act {config.hidden_act!r} is not implemented (only 'silu')")
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class Qwen3PagedModel(nn.Module):
+    """A Qwen3 causal LM that keeps its keys and values in a ``PagedKVCache``.
+
+    ``forward(batch, cache)`` runs one engine step (see ``ForwardBatch``) and returns logits
+    [len(batch.logits_indices), vocab] in the model's dtype.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        theta = _check_supported(config)
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3PagedLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, theta), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @classmethod
+    def from_state_dict(cls, config, state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
+        """Build from a transformers ``Qwen3ForCausalLM`` state dict; tensors are shared, not copied."""
+        with torch.device("meta"):
+            model = cls(config)
+        weights = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        if "lm_head.weight" not in weights and config.tie_word_embeddings:
+            weights["lm_head.weight"] = weights["embed_tokens.weight"]
+        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+        if missing or unexpected:
+            raise ValueError(f"state dict does not match a Qwen3 model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        theta = _check_supported(config)
+        model.inv_freq = rope_inv_freq(config.head_dim, theta).to(model.embed_tokens.weight.device)
+        return model.eval().requires_grad_(False)
+
+    @classmethod
+    def from_hf(cls, hf_model) -> Qwen3PagedModel:
+        """Wrap the weights of a transformers ``Qwen3ForCausalLM`` (shared storage)."""
+        model = cls.from_state_dict(hf_model.config, hf_model.state_dict())
+        rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+        if rotary is not None:  # the very same fp32 frequencies, computed where transformers did
+            model.inv_freq = rotary.inv_freq.detach().float().clone()
+        return model
+
+    def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty paged cache shaped for this model, in its dtype and on its device."""
+        c = self.config
+        return PagedKVCache(c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads,
+                            c.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, batch, cache)
+        return self.lm_head(self.norm(x[batch.logits_indices]))
+
+
+ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+"""Largest relative error of a layer's attention output vs transformers eager, by dtype."""
+LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+"""Largest relative error of next-token logits vs transformers at any decode step, by dtype."""
+
+
+def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]], *,
+                     block_size: int = 2, seed: int = 0) -> list[float]:
+    """Relative error of every layer's attention output, ours (one ragged prefill) vs transformers.
+
+    ``hf_model`` runs each prompt alone; the error of a layer is ``max |ours - theirs| / max |theirs|``
+    over all prompts' tokens. Returns one number per layer.
+    """
+    ours: dict[int, torch.Tensor] = {}
+    theirs: dict[int, list[torch.Tensor]] = {}
+    hooks = []
+    for i, (mine, ref) in enumerate(zip(model.layers, hf_model.model.layers)):
+        hooks.append(mine.self_attn.register_forward_hook(
+            lambda m, args, out, i=i: ours.__setitem__(i, out.detach())))
+        hooks.append(ref.self_attn.register_forward_hook(
+            lambda m, args, out, i=i: theirs.setdefault(i, []).append(out[0][0].detach())))
+    try:
+        blocks_needed = sum(-(-len(p) // block_size) for p in prompts)
+        cache = model.new_cache(blocks_needed, block_size)
+        order = torch.randperm(blocks_needed, generator=torch.Generator().manual_seed(seed)).tolist()
+        tables, used = [], 0
+        for p in prompts:
+            n = -(-len(p) // block_size)
+            tables.append(order[used:used + n])
+            used += n
+        model(ForwardBatch.from_sequences(prompts, [0] * len(prompts), tables, block_size,
+                                          model.device), cache)
+        with torch.inference_mode():
+            for p in prompts:
+                hf_model(torch.tensor([p], device=model.device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    errors = []
+    for i in range(len(model.layers)):
+        ref = torch.cat(theirs[i]).float()
+        errors.append(((ours[i].float() - ref).abs().max() / ref.abs().max()).item())
+    return errors
+
+
+@dataclass
+class GreedyTrace:
+    """What ``greedy_generate`` produced: tokens, the logits behind them, and the block history."""
+
+    tokens: list[list[int]]
+    logits: list[list[torch.Tensor]]
+    tables_per_step: list[dict[int, list[int]]]
+    decode_steps: int = 0
+    mixed_steps: int = 0
+
+
+def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache, prompts: list[list[int]],
+                    max_new_tokens: int, *, arrivals: list[int] | None = None, seed: int = 0,
+                    keep_logits: bool = True) -> GreedyTrace:
+    """Greedy decoding of several prompts through the paged cache, without padding.
+
+    Each step runs ONE forward over every active sequence: the prompt of a sequence that arrives at
+    this step (``arrivals[i]``, default 0), one token for every other. End-of-sequence is ignored:
+    every prompt gets ``max_new_tokens`` tokens. Raises ``RuntimeError`` when the cache runs out.
+    """
+    arrivals = arrivals or [0] * len(prompts)
+    bs = cache.block_size
+    free = torch.randperm(cache.num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables: dict[int, list[int]] = {}
+    cached = [0] * len(prompts)
+    trace = GreedyTrace([[] for _ in prompts], [[] for _ in prompts], [])
+    step = 0
+    while any(len(t) < max_new_tokens for t in trace.tokens):
+        active = [i for i, t in enumerate(trace.tokens)
+                  if arrivals[i] <= step and len(t) < max_new_tokens]
+        step += 1
+        if not active:
+            continue
+        new = [prompts[i] if cached[i] == 0 else trace.tokens[i][-1:] for i in active]
+        for i, tokens in zip(active, new):
+            grow = -(-(cached[i] + len(tokens)) // bs) - len(tables.get(i, []))
+            if grow > len(free):
+                raise RuntimeError(f"paged cache exhausted: sequence {i} needs {grow} more blocks, "
+                                   f"{len(free)} free; give the cache more blocks")
+            tables.setdefault(i, []).extend(free.pop() for _ in range(grow))
+        batch = ForwardBatch.from_sequences(new, [cached[i] for i in active],
+                                            [tables[i] for i in active], bs, model.device)
+        trace.decode_steps += batch.is_decode
+        trace.mixed_steps += (not batch.is_decode) and min(batch.query_lens) == 1
+        logits = model(batch, cache).float()
+        chosen = logits.argmax(-1).tolist()
+        trace.tables_per_step.append({i: list(tables[i]) for i in active})
+        for row, i in enumerate(active):
+            cached[i] += len(new[row])
+            trace.tokens[i].append(chosen[row])
+            if keep_logits:
+                trace.logits[i].append(logits[row].cpu())
+            if len(trace.tokens[i]) == max_new_tokens:  # done: its blocks go back to the pool
+                free.extend(tables.pop(i))
+    return trace
+
+
+def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
+                     ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """transformers ``generate(do_sample=False)`` per prompt (no padding), with its step logits.
+
+    Returns the new tokens of each prompt and, per prompt, a [max_new_tokens, vocab] fp32 tensor.
+    transformers keeps a contiguous (non-paged) cache, so this is also the contiguous baseline.
+    """
+    tokens, logits = [], []
+    device = hf_model.device
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=device)
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        tokens.append(out.sequences[0, len(prompt):].tolist())
+        logits.append(torch.stack([step[0].float().cpu() for step in out.logits]))
+    return tokens, logits
