@@ -217,12 +217,12 @@ class KVBlockManager:
     def _make_free_list(self, blocks: Iterable[int]) -> FreeBlockList:
         return FreeBlockList(blocks)
 
-    def _take_blocks(self, n: int) -> list[int]:
-        """Take n blocks for one sequence (the caller already checked there are enough)."""
+    def _take_blocks(self, n: int, seq_id: Hashable) -> list[int]:
+        """Take n blocks for sequence ``seq_id`` (the caller already checked there are enough)."""
         return [self._free.pop() for _ in range(n)]
 
-    def _drop_block(self, block: int) -> None:
-        """A table stops referencing ``block``."""
+    def _drop_block(self, block: int, seq_id: Hashable) -> None:
+        """The table of ``seq_id`` stops referencing ``block``."""
         self._free.push(block)
 
     def _untake_block(self, block: int) -> None:
@@ -290,7 +290,7 @@ class KVBlockManager:
         self._check_no_step(f"release sequence {seq_id!r}")
         state = self._state(seq_id)
         for block in reversed(state.block_table):
-            self._drop_block(block)
+            self._drop_block(block, seq_id)
         del self._seqs[seq_id]
         self._released[seq_id] = None
         if len(self._released) > self._RELEASED_MEMORY:
@@ -341,7 +341,7 @@ class KVBlockManager:
 
     def _grow(self, state: SequenceState, k: int, undo: list[tuple], copies: list) -> list[int]:
         """Append ``k`` fresh blocks to ``state``'s table and log ``("grow", state, blocks)`` in ``undo``."""
-        blocks = self._take_blocks(k)
+        blocks = self._take_blocks(k, state.seq_id)
         state.block_table.extend(blocks)
         undo.append(("grow", state, blocks))
         return blocks

@@ -197,11 +197,11 @@ def test_failure_in_the_middle_of_a_step_leaves_state_unchanged(monkeypatch):
     before = state_of(m)
     real_take, calls = m._take_blocks, []
 
-    def flaky_take(n):
+    def flaky_take(n, seq_id):
         calls.append(n)
         if len(calls) == 3:
             raise RuntimeError("injected failure")
-        return real_take(n)
+        return real_take(n, seq_id)
 
     monkeypatch.setattr(m, "_take_blocks", flaky_take)
     with pytest.raises(RuntimeError, match="injected"):

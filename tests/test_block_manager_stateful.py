@@ -149,3 +149,89 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManager = BlockManagerMachine.TestCase
 TestBlockManager.settings = SETTINGS
+
+
+# ---- chapter 5: reference counts, fork, copy-on-write, swapping ----------------------------------
+
+from minipaged.sharing import SharingBlockManager  # noqa: E402
+
+
+def check_sharing(m):
+    """Every block's count equals the tables holding it; free exactly when the count is 0; CPU pool too."""
+    holders = Counter(b for s in m.seq_ids() for b in m.block_table(s))
+    free = set(m._free)
+    for block in range(m.num_physical_blocks):
+        assert m.refcount(block) == holders.get(block, 0), f"block {block}: count != holders"
+        assert (block in free) == (m.refcount(block) == 0), f"block {block}: free iff count 0"
+    cpu_places = Counter(m._cpu_free)
+    for s in m.swapped_ids():
+        cpu_places.update(m._swapped[s].block_table)
+    assert cpu_places == Counter(range(m.num_cpu_blocks)), "a CPU block is lost or in two places"
+    assert not set(m.seq_ids()) & set(m.swapped_ids())
+
+
+class SharingMachine(BlockManagerMachine):
+    """Adds fork (copy-on-write on the next write), swap out / swap in, and release while swapped."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = SharingBlockManager(num_physical_blocks=12, block_size=3, num_cpu_blocks=8)
+        self.cpu_cache: dict[int, object] = {}
+        self.swapped: dict[int, list] = {}
+
+    @precondition(lambda self: self.step is None and self.tokens)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(self.live()))
+        self.m.fork(parent, self.next_id)
+        self.tokens[self.next_id] = list(self.tokens[parent])
+        self.next_id += 1
+
+    @precondition(lambda self: self.step is None and self.tokens)
+    @rule(data=st.data())
+    def swap_out(self, data):
+        seq = data.draw(st.sampled_from(self.live()))
+        before = self.snapshot()
+        try:
+            pairs = self.m.swap_out(seq)
+        except NoFreeBlocksError:
+            assert self.snapshot() == before
+            return
+        bs = self.m.block_size
+        for gpu, cpu in pairs:
+            for off in range(bs):
+                self.cpu_cache[cpu * bs + off] = self.cache.get(gpu * bs + off)
+        self.swapped[seq] = self.tokens.pop(seq)
+
+    @precondition(lambda self: self.step is None and self.swapped)
+    @rule(data=st.data(), release=st.booleans())
+    def swap_in_or_drop(self, data, release):
+        seq = data.draw(st.sampled_from(sorted(self.swapped)))
+        if release:
+            self.m.release_swapped(seq)
+            del self.swapped[seq]
+            return
+        before = self.snapshot()
+        try:
+            pairs = self.m.swap_in(seq)
+        except NoFreeBlocksError:
+            assert self.snapshot() == before
+            return
+        bs = self.m.block_size
+        for cpu, gpu in pairs:
+            for off in range(bs):
+                self.cache[gpu * bs + off] = self.cpu_cache.get(cpu * bs + off)
+        self.tokens[seq] = self.swapped.pop(seq)
+
+    def snapshot(self):
+        return (super().snapshot(), [self.m.refcount(b) for b in range(self.m.num_physical_blocks)],
+                sorted(self.m._cpu_free), {s: self.m._swapped[s].block_table for s in self.m.swapped_ids()})
+
+    @invariant()
+    def refcounts_match_tables(self):
+        check_sharing(self.m)
+        assert sorted(self.m.swapped_ids()) == sorted(self.swapped)
+
+
+TestSharing = SharingMachine.TestCase
+TestSharing.settings = SETTINGS
