@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minipaged.decode_attention as decode_attention  # noqa: E402
 from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.kv_cache import PagedKVCache  # noqa: E402
+from minipaged.kv_cache import PagedKVCache, write_kv_reference  # noqa: E402
 
 SIZES = [(64, 4096), (8, 32768), (256, 1024)]          # (batch, tokens per sequence)
 HEADS = [(32, 8, 128), (16, 8, 128)]                    # (query heads, KV heads, head dim)
@@ -162,7 +162,8 @@ def decode_rows(quick: bool = False, flex: bool = True, log=print) -> list[dict]
         err = rel_err(ours_out, ref)
         assert err < 2e-2, f"paged_attention disagrees with SDPA at {case.shape}: {err:.2e}"
         assert rel_err(case.sdpa_gqa(), ref) < 2e-2 and rel_err(case.gather_sdpa(), ref) < 1e-6
-        rows.append(row(case, "triton_paged", bench(case.ours), rel_err=round(err, 5)))
+        splits = decode_attention.choose_num_splits(batch, hkv, length, case.query.device)
+        rows.append(row(case, "triton_paged", bench(case.ours), rel_err=round(err, 5), splits=splits))
         if bs == 16:   # peers that do not depend on the block size: once per shape
             rows.append(row(case, "sdpa_contiguous_gqa", bench(case.sdpa_gqa)))
             rows.append(row(case, "sdpa_contiguous_grouped", bench(case.sdpa_grouped)))
@@ -210,12 +211,15 @@ def layout_rows(quick: bool = False, log=print) -> list[dict]:
             n = 4096                                  # a prefill chunk's worth of new tokens
             key = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
             slots = torch.randperm(case.cache.num_slots, device="cuda")[:n]
-            us = bench(lambda: case.cache.write(0, key, key, slots))
-            write = {"shape": dict(case.shape, new_tokens=n), "impl": f"write {layout}",
-                     "median_us": round(us, 2), "gbps": round(2 * 2 * n * 8 * 128 * 2 / us / 1e3, 1)}
-            rows.append(write)
-            log(f"{layout} block {bs}: attention {rows[-2]['median_us']:.1f} us, "
-                f"write {n} tokens {us:.1f} us")
+            moved = 2 * 2 * n * 8 * 128 * 2          # K and V, read once and written once
+            for impl, fn in ((f"write {layout}", lambda: case.cache.write(0, key, key, slots)),
+                             (f"write_reference {layout}",
+                              lambda: write_kv_reference(case.cache, 0, key, key, slots))):
+                us = bench(fn)
+                rows.append({"shape": dict(case.shape, new_tokens=n), "impl": impl,
+                             "median_us": round(us, 2), "gbps": round(moved / us / 1e3, 1)})
+            log(f"{layout} block {bs}: attention {rows[-3]['median_us']:.1f} us, write {n} tokens "
+                f"{rows[-2]['median_us']:.1f} us (reference {rows[-1]['median_us']:.1f} us)")
             del case
     return rows
 
@@ -273,17 +277,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/bench_decode_attention.py " + " ".join(sys.argv[1:])
     torch.backends.cuda.matmul.allow_tf32 = False
+    save = lambda name, rows: (out / name).write_text(json.dumps(header(command) | {"rows": rows},
+                                                                            indent=1))
     if args.tune:
-        result = header(command) | {"rows": tune_rows()}
-        (out / "decode_attention_tune.json").write_text(json.dumps(result, indent=1))
-    layout = header(command) | {"rows": layout_rows(args.quick)}
-    (out / "kv_cache_layout.json").write_text(json.dumps(layout, indent=1))
+        save("decode_attention_tune.json", tune_rows())
     rows = decode_rows(args.quick, flex=not args.no_flex)
+    save("decode_attention.json", rows)          # written at once: what follows may run out of time
+    print(summary(rows), flush=True)
     if not args.quick:
         rows += block_size_rows()
-    result = header(command) | {"rows": rows}
-    (out / "decode_attention.json").write_text(json.dumps(result, indent=1))
-    print(summary(rows))
+        save("decode_attention.json", rows)
+    save("kv_cache_layout.json", layout_rows(args.quick))
     return 0
 
 

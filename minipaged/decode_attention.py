@@ -147,18 +147,20 @@ def _num_sms(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device,
-                      min_tokens_per_split: int = 256, waves: int = 4) -> int:
-    """Split-KV factor: about ``waves`` programs per SM, each over >= ``min_tokens_per_split`` tokens."""
-    programs = batch * num_kv_heads
-    wanted = -(-waves * _num_sms(device) // programs)
+                      min_tokens_per_split: int = 256, programs_per_sm: int = 2) -> int:
+    """Split-KV factor: ~``programs_per_sm`` programs per SM, each over >= ``min_tokens_per_split``."""
+    wanted = programs_per_sm * _num_sms(device) // max(1, batch * num_kv_heads)
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _launch_config(block_size: int, head_dim: int, device: torch.device) -> tuple[int, int, int]:
+def _launch_config(block_size: int, head_dim: int, device: torch.device,
+                   split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernel; GPU values tuned on an H200."""
     if device.type != "cuda":
         return 16, 4, 1             # interpreter: the smallest tile tl.dot accepts on GPUs too
-    return (64 if head_dim <= 128 else 32), 4, 3
+    if head_dim > 128:
+        return 32, 4, 3
+    return (128 if split else 64), 4, 3
 
 
 def _check_inputs(query, cache, layer, block_tables, seq_lens):
@@ -208,10 +210,10 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_heads // cache.num_kv_heads
     device = query.device
-    tile, num_warps, num_stages = _launch_config(cache.block_size, head_dim, device)
     max_tokens = block_tables.shape[1] * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
+    tile, num_warps, num_stages = _launch_config(cache.block_size, head_dim, device, num_splits > 1)
     granule = max(tile, cache.block_size)
     tokens_per_split = -(-max(max_tokens, 1) // num_splits)
     tokens_per_split = -(-tokens_per_split // granule) * granule
