@@ -1,0 +1,503 @@
+# GENERATED from chapters/10_scheduler.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""Continuous-batching scheduler: queues, admission by blocks and tokens, preemption, abort."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "SamplingParams",
+    "SequenceStatus",
+    "Sequence",
+    "SchedulerConfig",
+    "ScheduledChunk",
+    "SchedulerOutput",
+    "StepStats",
+    "Scheduler",
+    "SchedulerError",
+    "PromptTooLongError",
+]
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler was asked for something it cannot do (unknown sequence, bad config...)."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt can never be served: longer than the model allows, or than the whole cache."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into tokens, and when to stop (the names of vLLM's ``SamplingParams``).
+
+    ``temperature=0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` switch those filters off.
+    ``n`` samples per prompt share the prompt's KV blocks (fork). ``seed`` makes one request's
+    samples reproducible whatever else is in the batch.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be a positive integer, got {self.n!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise ValueError(f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self.value in ("stop", "length", "abort")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation stream: its tokens, how many of them have KV in the cache, and its clock.
+
+    ``num_computed_tokens`` counts the tokens whose keys and values are in the cache. A sequence
+    preempted by recompute drops to 0 and re-prefills prompt + output so far.
+    """
+
+    seq_id: int
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sample_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens ``start:stop`` of prompt + output, without building the whole list."""
+        prompt = self.prompt_token_ids
+        if stop <= len(prompt):
+            return prompt[start:stop]
+        if start >= len(prompt):
+            return self.output_token_ids[start - len(prompt):stop - len(prompt)]
+        return prompt[start:] + self.output_token_ids[:stop - len(prompt)]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits and policy of the scheduler.
+
+    ``policy="decode_first"``: every step carries all running decodes, and prefills fill what is
+    left of the token budget (one mixed batch). ``"prefill_first"``: while waiting prompts can be
+    admitted a step is prefill only and the decodes wait (vLLM's original scheduler).
+    ``preemption_mode``: ``"recompute"`` frees a victim's blocks and re-prefills it later;
+    ``"swap"`` copies its blocks to the CPU pool and back.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    policy: Literal["decode_first", "prefill_first"] = "decode_first"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    enable_chunked_prefill: bool = False
+    watermark_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("decode_first", "prefill_first"):
+            raise ValueError(f"policy must be 'decode_first' or 'prefill_first', got {self.policy!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.watermark_blocks < 0:
+            raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
+
+
+@dataclass
+class ScheduledChunk:
+    """``num_tokens`` consecutive tokens of ``seq``, from position ``start``, run in this step.
+
+    ``samples`` is True when the chunk ends at the sequence's last token: its last logits give the
+    next token (a prefill chunk that stops mid-prompt samples nothing).
+    """
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_tokens > 1 or self.start < len(self.seq.prompt_token_ids)
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class StepStats:
+    """What one step looked like: the rows of the timeline figures."""
+
+    step: int
+    time: float
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_utilization: float
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work: the chunks to run, and what the cache must do before the forward.
+
+    ``reservation`` is the block manager's ``StepReservation`` for the chunks, in the same order:
+    its ``slot_mapping``, ``positions`` and ``seq_lens`` feed the model, its ``copies`` are
+    copy-on-write block copies. ``swap_out`` / ``swap_in`` are (src, dst) block pairs to move
+    between the GPU pool and the CPU pool, out before in.
+    """
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    reservation: object | None = None
+    stats: StepStats | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    """Decides, step by step, which sequences run, and reserves the cache blocks they write.
+
+    Three queues: ``waiting`` (never run, or preempted by recompute), ``running`` (KV in the GPU
+    pool, in admission order) and ``swapped`` (KV parked in the CPU pool). ``schedule()`` picks the
+    step's chunks and reserves all their blocks in one ``reserve_step`` call (every block or none);
+    after the forward, ``commit()`` commits the reservation and records the sampled tokens.
+    ``manager`` is a chapter 4-6 ``KVBlockManager``; the scheduler is its only caller while serving.
+    """
+
+    def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
+        self.manager = manager
+        self.config = config or SchedulerConfig()
+        self.block_size: int = manager.block_size
+        self.num_total_blocks: int = manager.num_physical_blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.step_count = 0
+        self.total_preemptions = 0
+        self.timeline: list[StepStats] = []
+        self._live: dict[int, Sequence] = {}
+        # a chapter 6 manager caches prefixes: it admits whole prompts and wants every token id
+        self._caches_prefixes = hasattr(manager, "allocate_prompt")
+
+    # -- requests in and out ----------------------------------------------------------------
+    def check_prompt(self, num_prompt_tokens: int) -> None:
+        """Raise ``PromptTooLongError`` if a prompt of this length can never be served."""
+        limit, n = self.config.max_model_len, num_prompt_tokens
+        if n == 0:
+            raise PromptTooLongError("empty prompt: give at least one token")
+        if n >= limit:
+            raise PromptTooLongError(
+                f"prompt of {n} tokens does not fit max_model_len={limit} (it needs room for at "
+                "least one new token): shorten the prompt or raise max_model_len")
+        blocks = self._blocks_for(n + 1)
+        if blocks > self.num_total_blocks - self.config.watermark_blocks:
+            raise PromptTooLongError(
+                f"prompt of {n} tokens needs {blocks} KV blocks but the cache has "
+                f"{self.num_total_blocks - self.config.watermark_blocks}: give it more blocks "
+                "(num_blocks) or shorten the prompt")
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence, or raise (queueing nothing) if it can never run."""
+        self.check_prompt(len(seq.prompt_token_ids))
+        if seq.seq_id in self._live:
+            raise SchedulerError(f"sequence id {seq.seq_id} is already scheduled")
+        seq.status = SequenceStatus.WAITING
+        self._live[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence:
+        """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed at once."""
+        seq = self._live.get(seq_id)
+        if seq is None:
+            raise SchedulerError(f"unknown sequence {seq_id}: finished, aborted, or never added")
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # -- block arithmetic -------------------------------------------------------------------
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _need(self, seq: Sequence, num_tokens: int) -> int:
+        """Free blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write included)."""
+        if seq.seq_id in self.manager:
+            return self.manager.blocks_needed({seq.seq_id: num_tokens})
+        return self._blocks_for(seq.num_computed_tokens + num_tokens)
+
+    def _free_after(self, reserved: int) -> int:
+        return self.manager.num_free_blocks - reserved - self.config.watermark_blocks
+
+    # -- preemption -------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Take a running sequence's blocks back: park them in the CPU pool, or drop them."""
+        self.running.remove(seq)
+        seq.num_preemptions += 1
+        self.total_preemptions += 1
+        out.preempted.append(seq)
+        if self.config.preemption_mode == "swap":
+            out.swap_out.extend(self.manager.swap_out(seq.seq_id))
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            self.manager.release_sequence(seq.seq_id)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    # -- the step ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's chunks and reserve their blocks. Then run them and call ``commit``."""
+        self.step_count += 1
+        out = SchedulerOutput()
+        budget = [self.config.max_num_batched_tokens, 0]  # tokens left, blocks taken so far
+        if self.config.policy == "prefill_first":
+            self._schedule_waiting(out, budget)
+        if not out.chunks:
+            self._schedule_running(out, budget)
+            if not out.preempted:
+                self._schedule_swapped(out, budget)
+                if self.config.policy == "decode_first":
+                    self._schedule_waiting(out, budget)
+        if out.chunks:
+            out.reservation = self.manager.reserve_step(
+                {c.seq.seq_id: c.num_tokens for c in out.chunks})
+        out.stats = self._stats(out)
+        self.timeline.append(out.stats)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
+        i = 0
+        while i < len(self.running) and budget[0] > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget[0])
+            need = self._need(seq, n)
+            while need > self._free_after(budget[1]) and self.running[-1] is not seq:
+                self._preempt(self.running[-1], out)  # the newest running sequence yields first
+            if need > self._free_after(budget[1]):
+                self._preempt(seq, out)
+                break
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget[0] -= n
+            budget[1] += need
+            i += 1
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: list[int]) -> None:
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            n = seq.num_uncomputed_tokens
+            need = self._blocks_for(seq.num_computed_tokens + n)
+            if n > budget[0] or need > self._free_after(budget[1]):
+                return
+            self.swapped.popleft()
+            out.swap_in.extend(self.manager.swap_in(seq.seq_id))
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget[0] -= n
+            budget[1] += self._need(seq, n)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
+        if self.swapped:  # parked sequences come back before anyone new is admitted
+            return
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.token_ids(0, seq.num_tokens) if self._caches_prefixes else None
+            cached = self.manager.cached_prefix_length(tokens) if tokens is not None else 0
+            n = seq.num_tokens - cached
+            if n > budget[0]:
+                if self.config.enable_chunked_prefill and budget[0] > 0:
+                    n = budget[0]  # a chunk now, the rest in later steps
+                elif self.config.enable_chunked_prefill or any(c.is_prefill for c in out.chunks):
+                    return  # unchunked, an over-budget prompt runs as the step's only prefill
+            need = (self.manager.num_blocks_for_prompt(tokens) if tokens is not None
+                    else self._blocks_for(n))
+            if need > self._free_after(budget[1]):
+                return
+            self.waiting.popleft()
+            out.admitted.append(seq)
+            if tokens is not None:
+                seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens)
+                if seq.num_preemptions == 0:
+                    seq.num_cached_prompt_tokens = seq.num_computed_tokens
+            else:
+                self.manager.create_sequence(seq.seq_id)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget[0] -= n
+            budget[1] += self._need(seq, n)
+
+    # -- after the forward ------------------------------------------------------------------
+    def commit(self, out: SchedulerOutput, sampled: dict[int, int], eos_token_id: int | None = None,
+               forks: list[tuple[Sequence, Sequence, int]] = (), now: float | None = None
+               ) -> list[Sequence]:
+        """The forward ran: commit the reservation and append ``sampled[seq_id]`` to every chunk
+        that samples. ``forks`` are ``(parent, child, child_token)``: children of ``n > 1``
+        requests, which share the parent's blocks (copy-on-write) from here on.
+
+        Returns the sequences that finished in this step (their blocks are already freed).
+        """
+        now = time.perf_counter() if now is None else now
+        if out.reservation is not None:
+            self.manager.commit_step(out.reservation)
+            out.reservation = None
+        events = []
+        for chunk in out.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            if chunk.samples and seq.status is SequenceStatus.RUNNING:
+                events.append((seq, sampled[seq.seq_id]))
+        for parent, child, token in forks:  # before the tokens are recorded: a child has its own
+            self.manager.fork(parent.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+            child.status = SequenceStatus.RUNNING
+            self._live[child.seq_id] = child
+            self.running.append(child)
+            events.append((child, token))
+        if self._caches_prefixes:
+            for seq, token in events:
+                self.manager.append_token_ids(seq.seq_id, (token,))
+        done = []
+        for seq, token in events:
+            seq.output_token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._stop_reason(seq, token, eos_token_id)
+            if reason is not None:
+                self.running.remove(seq)
+                self._finish(seq, reason, now)
+                done.append(seq)
+        return done
+
+    def abort_step(self, out: SchedulerOutput) -> None:
+        """The forward failed: give the step's blocks back and return the sequences it admitted to
+        the front of the waiting queue, so the next ``schedule`` can try the same step again."""
+        if out.reservation is not None:
+            self.manager.abort_step(out.reservation)
+            out.reservation = None
+        for seq in reversed(out.admitted):
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+                self.manager.release_sequence(seq.seq_id)
+                seq.num_computed_tokens = 0
+                seq.status = SequenceStatus.WAITING
+                self.waiting.appendleft(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int, eos_token_id: int | None) -> SequenceStatus | None:
+        params = seq.params
+        if not params.ignore_eos and eos_token_id is not None and token == eos_token_id:
+            return SequenceStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            return SequenceStatus.FINISHED_STOPPED
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH
+        if self._blocks_for(seq.num_tokens + 1) > self.num_total_blocks - self.config.watermark_blocks:
+            return SequenceStatus.FINISHED_LENGTH  # one more token would not fit the whole cache
+        return None
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, now: float | None = None) -> None:
+        if seq.status is SequenceStatus.SWAPPED:
+            self.manager.release_swapped(seq.seq_id)
+        elif seq.seq_id in self.manager:
+            self.manager.release_sequence(seq.seq_id)
+        seq.status = status
+        seq.finish_time = time.perf_counter() if now is None else now
+        self._live.pop(seq.seq_id, None)
+
+    # -- observability ----------------------------------------------------------------------
+    def _stats(self, out: SchedulerOutput) -> StepStats:
+        prefill = sum(c.num_tokens for c in out.chunks if c.is_prefill)
+        used = self.num_total_blocks - self.manager.num_free_blocks
+        return StepStats(
+            step=self.step_count, time=time.perf_counter(), num_waiting=len(self.waiting),
+            num_running=len(self.running), num_swapped=len(self.swapped),
+            num_prefill_tokens=prefill, num_decode_tokens=out.num_tokens - prefill,
+            num_preempted=len(out.preempted), kv_utilization=used / self.num_total_blocks)
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if the queues, the statuses and the manager's books disagree."""
+        queued = [*self.waiting, *self.running, *self.swapped]
+        assert len({id(s) for s in queued}) == len(queued), "a sequence sits in two queues"
+        assert {s.seq_id for s in queued} == set(self._live), "a live sequence is in no queue"
+        assert all(s.status is SequenceStatus.WAITING for s in self.waiting)
+        assert all(s.status is SequenceStatus.RUNNING for s in self.running)
+        assert all(s.status is SequenceStatus.SWAPPED for s in self.swapped)
+        assert len(self.running) <= self.config.max_num_seqs
+        for seq in self.running:
+            assert self.manager.sequence_length(seq.seq_id) == seq.num_computed_tokens, seq.seq_id
+        for seq in [*self.waiting, *self.swapped]:
+            assert seq.seq_id not in self.manager, f"sequence {seq.seq_id} is not running but holds blocks"
+        assert set(self.manager.seq_ids()) == {s.seq_id for s in self.running}, "leaked manager sequence"
+        assert self.manager.invariants_ok(), self.manager.first_inconsistency()
