@@ -21,7 +21,8 @@ def test_10_2_static_batch_idle_fraction():
 
 def test_10_3_preempted_by_decode():
     assert ex.preempted_by_decode([4, 8, 3, 12], 0, 4) == [3]
-    assert ex.preempted_by_decode([4, 8, 3, 12], 2, 4) == []
+    assert ex.preempted_by_decode([4, 8, 3, 12], 3, 4) == []
+    assert ex.preempted_by_decode([4, 8, 3, 12], 2, 4) == [3]        # the newest evicts itself
     assert ex.preempted_by_decode([4], 0, 4) == [0]                 # alone and stuck: itself
     assert ex.preempted_by_decode([4, 8, 1, 2], 0, 4) == [3, 2]       # one victim per needy sequence
     assert ex.preempted_by_decode([1, 4, 4], 0, 4) == [2]
