@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from minipaged.block_manager import KVBlockManager, NoFreeBlocksError
 
-SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
+SETTINGS = settings(max_examples=150, stateful_step_count=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -56,14 +56,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
                     self.cache[dst * bs + off] = self.cache[src * bs + off]
         written = []
         slots = reservation.slot_mapping.tolist()
+        positions = reservation.positions.tolist()
         i = 0
         for seq, n in zip(reservation.seq_ids, reservation.num_new_tokens):
             for _ in range(n):
-                value = self.sentinel(seq)
+                value = self.value(seq, positions[i])
                 self.cache[slots[i]] = value
                 written.append((seq, value))
                 i += 1
         return written
+
+    def value(self, seq, position):
+        """What the KV of this token is: here a unique (sequence, counter) sentinel."""
+        return self.sentinel(seq)
 
     def live(self):
         return sorted(self.tokens)
@@ -74,13 +79,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def create(self):
         self.m.create_sequence(self.next_id)
         self.tokens[self.next_id] = []
+        self.on_create(self.next_id)
         self.next_id += 1
+
+    def on_create(self, seq):
+        pass
+
+    def plan(self, data):
+        """The step's batch: {seq: number of new tokens}."""
+        seqs = data.draw(st.lists(st.sampled_from(self.live()), unique=True, min_size=1))
+        return {s: data.draw(st.integers(0, 7)) for s in seqs}
 
     @precondition(lambda self: self.step is None and self.tokens)
     @rule(data=st.data(), commit=st.booleans())
     def step_batch(self, data, commit):
-        seqs = data.draw(st.lists(st.sampled_from(self.live()), unique=True, min_size=1))
-        counts = {s: data.draw(st.integers(0, 7)) for s in seqs}
+        counts = self.plan(data)
         before = self.snapshot()
         try:
             reservation = self.m.reserve_step(counts)
@@ -99,10 +112,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.step is None and self.tokens)
     @rule(data=st.data())
     def reserve_only(self, data):
-        """Leave a decode step in flight; the next rule must commit or abort it."""
-        seqs = data.draw(st.lists(st.sampled_from(self.live()), unique=True, min_size=1))
+        """Leave a step in flight; the next rule must commit or abort it."""
         try:
-            self.step = self.m.reserve_step(seqs)
+            self.step = self.m.reserve_step(self.plan(data))
         except NoFreeBlocksError:
             return
         self.step_written = self.write(self.step)
@@ -125,6 +137,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(self.live()))
         self.m.release_sequence(seq)
         del self.tokens[seq]
+        self.on_release(seq)
+
+    def on_release(self, seq):
+        pass
 
     # -- checks after every rule --
     def snapshot(self):
@@ -185,7 +201,11 @@ class SharingMachine(BlockManagerMachine):
         parent = data.draw(st.sampled_from(self.live()))
         self.m.fork(parent, self.next_id)
         self.tokens[self.next_id] = list(self.tokens[parent])
+        self.on_fork(parent, self.next_id)
         self.next_id += 1
+
+    def on_fork(self, parent, child):
+        pass
 
     @precondition(lambda self: self.step is None and self.tokens)
     @rule(data=st.data())
@@ -210,6 +230,7 @@ class SharingMachine(BlockManagerMachine):
         if release:
             self.m.release_swapped(seq)
             del self.swapped[seq]
+            self.on_release(seq)
             return
         before = self.snapshot()
         try:
@@ -235,3 +256,82 @@ class SharingMachine(BlockManagerMachine):
 
 TestSharing = SharingMachine.TestCase
 TestSharing.settings = SETTINGS
+
+
+# ---- chapter 6: prefix caching (with a colliding hash), eviction, chunked prefill -------------
+
+from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
+
+
+def weak_hash(parent, tokens):
+    """Collides all the time, so every hit must be verified by tokens and parent."""
+    return ((parent or 0) + sum(tokens)) % 3
+
+
+class PrefixMachine(SharingMachine):
+    """Prompts over a 3-token vocabulary (so prefixes repeat), admitted with prefix-cache hits.
+
+    The fake KV of position t is the tuple of all tokens up to t: that is what the real keys and
+    values depend on, so a wrong hit (wrong tokens or wrong history) reads back as a mismatch.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.m = PrefixCachingBlockManager(num_physical_blocks=12, block_size=3, num_cpu_blocks=8,
+                                           hash_fn=weak_hash)
+        self.known: dict[int, list[int]] = {}
+
+    @precondition(lambda self: self.step is None)
+    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=10))
+    def admit(self, prompt):
+        seq = self.next_id
+        self.next_id += 1
+        cached = self.m.allocate_prompt(seq, prompt)
+        bs = self.m.block_size
+        assert cached % bs == 0 and cached <= (len(prompt) - 1) // bs * bs
+        self.known[seq] = list(prompt)
+        self.tokens[seq] = [tuple(prompt[:t + 1]) for t in range(cached)]
+
+    def plan(self, data):
+        seqs = data.draw(st.lists(st.sampled_from(self.live()), unique=True, min_size=1))
+        counts = {}
+        for seq in seqs:
+            pending = len(self.known[seq]) - self.m.sequence_length(seq)
+            if pending == 0:                      # decode: a freshly sampled token
+                token = data.draw(st.integers(0, 2))
+                self.m.append_token_ids(seq, [token])
+                self.known[seq].append(token)
+                pending = 1
+            counts[seq] = data.draw(st.integers(1, pending))   # chunked prefill allowed
+        return counts
+
+    def value(self, seq, position):
+        return tuple(self.known[seq][:position + 1])
+
+    def on_create(self, seq):
+        self.known[seq] = []
+
+    def on_fork(self, parent, child):
+        self.known[child] = list(self.known[parent])
+
+    def on_release(self, seq):
+        del self.known[seq]
+
+    @invariant()
+    def cache_entries_are_truthful(self):
+        m, bs = self.m, self.m.block_size
+        for blocks in m._cache.values():
+            for block in blocks:
+                content = self.cache.get(block * bs + bs - 1)
+                assert content is not None and content[-bs:] == m._block_tokens[block]
+                parent = m._block_parent[block]
+                if parent is None:
+                    assert len(content) == bs
+                elif m._generation[parent[0]] == parent[1]:
+                    assert self.cache.get(parent[0] * bs + bs - 1) == content[:-bs]
+        for seq in self.live():
+            assert m.token_ids(seq) == self.known[seq]
+
+
+TestPrefixCache = PrefixMachine.TestCase
+TestPrefixCache.settings = SETTINGS

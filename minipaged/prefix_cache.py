@@ -1,0 +1,274 @@
+# GENERATED from chapters/06_prefix_caching.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""Prefix caching: chained block hashes, verified hits, an LRU free queue, and the engine-facing API."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from minipaged.block_manager import SequenceState, StepReservation
+from minipaged.sharing import SharingBlockManager
+
+__all__ = ["LRUFreeBlockQueue", "chained_block_hash", "PrefixCacheStats", "PrefixCachingBlockManager"]
+
+
+class LRUFreeBlockQueue:
+    """Free blocks, least recently freed first, with O(1) removal of any block.
+
+    ``pop`` takes the front; ``push`` appends at the back; ``push_front`` / ``unpop`` put a block at
+    the front (it is handed out first); ``remove`` takes a block out of the middle.
+    """
+
+    def __init__(self, blocks: Iterable[int]) -> None:
+        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(blocks)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._queue)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._queue
+
+    def pop(self) -> int:
+        return self._queue.popitem(last=False)[0]
+
+    def push(self, block: int) -> None:
+        self._queue[block] = None
+
+    def push_front(self, block: int) -> None:
+        self._queue[block] = None
+        self._queue.move_to_end(block, last=False)
+
+    unpop = push_front
+
+    def remove(self, block: int) -> None:
+        del self._queue[block]
+
+
+def chained_block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block from its parent's hash (None for the first block) and its token ids."""
+    return hash((parent_hash, token_ids))
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up, found in the cache, and blocks evicted to make room."""
+
+    queries: int = 0
+    hits: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class PrefixCachingBlockManager(SharingBlockManager):
+    """The engine-facing block manager: chapter 5's sharing manager plus automatic prefix caching.
+
+    Admission: ``num_blocks_for_prompt(prompt)`` free blocks are needed to admit a prompt;
+    ``allocate_prompt(seq_id, prompt)`` creates the sequence, attaches the longest verified cached
+    prefix (never the last prompt token) and returns how many tokens are already computed. The rest
+    of the prompt, and every decode token, goes through ``reserve_step`` / ``commit_step``; tell the
+    manager each sampled token with ``append_token_ids`` so the blocks it fills can be cached.
+    """
+
+    def __init__(self, num_physical_blocks: int, block_size: int, num_cpu_blocks: int = 0, *,
+                 enable_prefix_caching: bool = True,
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chained_block_hash,
+                 event_log_size: int = 4096) -> None:
+        super().__init__(num_physical_blocks, block_size, num_cpu_blocks, event_log_size)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
+        self.stats = PrefixCacheStats()
+        n = num_physical_blocks
+        self._generation = [0] * n
+        self._block_hash: list[int | None] = [None] * n
+        self._block_tokens: list[tuple[int, ...] | None] = [None] * n
+        self._block_parent: list[tuple[int, int] | None] = [None] * n
+        self._cache: dict[int, list[int]] = {}          # hash -> cached blocks with that hash
+        self._tokens: dict[Hashable, list[int]] = {}    # known token ids per sequence
+        self._chain: dict[Hashable, list[int]] = {}     # hashes of its registered leading blocks
+
+    def _make_free_list(self, blocks: Iterable[int]) -> LRUFreeBlockQueue:
+        return LRUFreeBlockQueue(blocks)
+
+    # -- the cache proper --
+    def is_cached(self, block: int) -> bool:
+        return self._block_hash[block] is not None
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(len(blocks) for blocks in self._cache.values())
+
+    def _identity(self, block: int) -> tuple[int, int]:
+        return block, self._generation[block]
+
+    def _lookup(self, block_hash: int, tokens: tuple[int, ...], parent: tuple[int, int] | None) -> int | None:
+        for block in self._cache.get(block_hash, ()):
+            if self._block_tokens[block] == tokens and self._block_parent[block] == parent:
+                return block
+        return None  # a miss, or a hash collision caught by comparing tokens and parent
+
+    def _match(self, token_ids: Sequence[int], max_blocks: int) -> list[int]:
+        """Cached blocks holding the longest prefix of ``token_ids`` (at most ``max_blocks``)."""
+        bs, blocks, parent_hash, parent = self.block_size, [], None, None
+        for j in range(max_blocks):
+            tokens = tuple(token_ids[j * bs:(j + 1) * bs])
+            parent_hash = self.hash_fn(parent_hash, tokens)
+            block = self._lookup(parent_hash, tokens, parent)
+            if block is None:
+                break
+            blocks.append(block)
+            parent = self._identity(block)
+        return blocks
+
+    def _register(self, block: int, block_hash: int, tokens: tuple[int, ...],
+                  parent: tuple[int, int] | None, seq_id: Hashable) -> None:
+        self._block_hash[block], self._block_tokens[block], self._block_parent[block] = block_hash, tokens, parent
+        self._cache.setdefault(block_hash, []).append(block)
+        self._log("cache", seq_id, block, f"hash {block_hash & 0xFFFF:04x}")
+
+    def _evict(self, block: int, seq_id: Hashable) -> None:
+        candidates = self._cache[self._block_hash[block]]
+        candidates.remove(block)
+        if not candidates:
+            del self._cache[self._block_hash[block]]
+        self._block_hash[block] = self._block_tokens[block] = self._block_parent[block] = None
+        self.stats.evictions += 1
+        self._log("evict", seq_id, block)
+
+    # -- chapter 4/5 hooks: eviction on reuse, cached blocks kept when freed --
+    def _take_blocks(self, n: int, seq_id: Hashable) -> list[int]:
+        blocks = super()._take_blocks(n, seq_id)
+        for block in blocks:
+            if self._block_hash[block] is not None:
+                self._evict(block, seq_id)
+            self._generation[block] += 1
+        return blocks
+
+    def _drop_block(self, block: int, seq_id: Hashable) -> None:
+        super()._drop_block(block, seq_id)
+        if self._refcount[block] == 0 and self._block_hash[block] is None:
+            self._free.push_front(block)  # nothing to keep: hand it out before any cached block
+
+    # -- sequences and their tokens --
+    def create_sequence(self, seq_id: Hashable) -> None:
+        super().create_sequence(seq_id)
+        self._tokens[seq_id], self._chain[seq_id] = [], []
+
+    def append_token_ids(self, seq_id: Hashable, token_ids: Iterable[int]) -> None:
+        """Record token ids of a live or swapped sequence (each sampled token, in order)."""
+        if seq_id not in self._tokens:
+            self._state(seq_id)  # raises the precise error
+        self._tokens[seq_id].extend(int(t) for t in token_ids)
+
+    def token_ids(self, seq_id: Hashable) -> list[int]:
+        """The token ids the manager knows for a live or swapped sequence."""
+        if seq_id not in self._tokens:
+            self._state(seq_id)  # raises the precise error
+        return list(self._tokens[seq_id])
+
+    def _max_cached_blocks(self, num_prompt_tokens: int) -> int:
+        if not self.enable_prefix_caching or num_prompt_tokens == 0:
+            return 0
+        return (num_prompt_tokens - 1) // self.block_size  # the last prompt token is always computed
+
+    def cached_prefix_length(self, prompt_token_ids: Sequence[int]) -> int:
+        """Tokens of the prompt that a call to ``allocate_prompt`` now would find in the cache."""
+        return len(self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))) * self.block_size
+
+    def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int]) -> int:
+        """Free blocks admitting this prompt takes: its uncached blocks plus the cached ones that sit
+        in the free queue (reviving them takes them out of it)."""
+        hits = self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))
+        revived = sum(1 for block in hits if self._refcount[block] == 0)
+        return revived + (-(-len(prompt_token_ids) // self.block_size) - len(hits))
+
+    def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int]) -> int:
+        """Create ``seq_id`` for this prompt and attach its longest cached prefix.
+
+        Returns the number of prompt tokens already in the cache (a multiple of ``block_size``,
+        below ``len(prompt)``): the sequence's length. Reserve the remaining prompt tokens in the
+        next step. Takes no block that is not a verified cache hit, so it never runs out of memory.
+        """
+        self.create_sequence(seq_id)
+        prompt = [int(t) for t in prompt_token_ids]
+        hits = self._match(prompt, self._max_cached_blocks(len(prompt)))
+        state = self._seqs[seq_id]
+        for block in hits:
+            if self._refcount[block] == 0:
+                self._free.remove(block)
+            self._refcount[block] += 1
+            self._log("hit", seq_id, block)
+        state.block_table.extend(hits)
+        state.length = len(hits) * self.block_size
+        self._tokens[seq_id] = prompt
+        self._chain[seq_id] = [self._block_hash[b] for b in hits]
+        self.stats.queries += len(prompt)
+        self.stats.hits += state.length
+        return state.length
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        super().fork(parent_id, child_id)
+        self._tokens[child_id] = list(self._tokens[parent_id])
+        self._chain[child_id] = list(self._chain[parent_id])
+
+    def release_sequence(self, seq_id: Hashable) -> None:
+        super().release_sequence(seq_id)
+        del self._tokens[seq_id], self._chain[seq_id]
+
+    def release_swapped(self, seq_id: Hashable) -> None:
+        super().release_swapped(seq_id)
+        del self._tokens[seq_id], self._chain[seq_id]
+
+    def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
+        pairs = super().swap_in(seq_id)
+        self._chain[seq_id] = []   # fresh blocks: registered again at the next commit
+        return pairs
+
+    # -- registering full blocks when a step is committed --
+    def commit_step(self, reservation: StepReservation) -> None:
+        super().commit_step(reservation)
+        if self.enable_prefix_caching:
+            for state in reservation.states:
+                self._register_full_blocks(state)
+
+    def _register_full_blocks(self, state: SequenceState) -> None:
+        bs, chain, tokens = self.block_size, self._chain[state.seq_id], self._tokens[state.seq_id]
+        full = min(state.length, len(tokens)) // bs
+        for j in range(len(chain), full):
+            block = state.block_table[j]
+            block_tokens = tuple(tokens[j * bs:(j + 1) * bs])
+            block_hash = self.hash_fn(chain[-1] if chain else None, block_tokens)
+            if self._block_hash[block] is None:
+                parent = self._identity(state.block_table[j - 1]) if j else None
+                self._register(block, block_hash, block_tokens, parent, state.seq_id)
+            elif self._block_hash[block] != block_hash or self._block_tokens[block] != block_tokens:
+                break  # shared with a sequence that registered other tokens: stop the chain here
+            chain.append(block_hash)
+
+    # -- reconciliation, extended to the cache --
+    def first_inconsistency(self) -> str | None:
+        problem = super().first_inconsistency()
+        if problem:
+            return problem
+        listed: dict[int, int] = {}
+        for block_hash, blocks in self._cache.items():
+            for block in blocks:
+                if self._block_hash[block] != block_hash:
+                    return f"block {block} is cached under hash {block_hash} but records {self._block_hash[block]}"
+                listed[block] = listed.get(block, 0) + 1
+        for block in range(self.num_physical_blocks):
+            if (self._block_hash[block] is not None) != (listed.get(block, 0) == 1):
+                return f"block {block}: hash {self._block_hash[block]} but listed {listed.get(block, 0)} time(s) in the cache"
+        for seq_id, state in self._seqs.items():
+            for j, block_hash in enumerate(self._chain[seq_id]):
+                if self._block_hash[state.block_table[j]] != block_hash:
+                    return f"block {state.block_table[j]} (block {j} of {seq_id!r}) lost its cache entry while in use"
+        return None
