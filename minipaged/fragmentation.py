@@ -350,6 +350,8 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
     if budget_tokens <= 0 or block_size <= 0 or max_len <= 0:
         raise ValueError("budget_tokens, block_size and max_len must be positive, got "
                          f"{budget_tokens}, {block_size}, {max_len}")
+    if max_running is not None and max_running < 1:
+        raise ValueError(f"max_running must be at least 1 (or None), got {max_running}")
     paged = policy == "paged"
     requests = sorted(requests, key=lambda r: r.arrival)
     n = len(requests)
@@ -421,6 +423,9 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
                     break
                 start[rid], owned[rid] = where, size
             running.append(waiting.popleft())
+        if waiting and not running:  # everything is free and the head still does not fit
+            raise RuntimeError(f"step {step}: no request runs and request {waiting[0]} cannot be "
+                               "admitted into an empty budget; the allocator lost memory")
         ids = np.asarray(running, dtype=np.int64)
         stored, mine, ends = length[ids], owned[ids], final[ids]
         usable = np.minimum(mine, ends)
