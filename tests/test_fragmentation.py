@@ -191,3 +191,13 @@ def test_cli_generated_workload_and_errors(tmp_path):
     assert done.returncode == 2 and "no prompt column" in done.stderr and not done.stdout
     done = _cli("--workload", "alpaca", "--policy", "max", "--budget-tokens", "100")
     assert done.returncode == 2 and "raise budget_tokens" in done.stderr
+
+
+def test_max_running_caps_concurrency_without_counting_waste():
+    requests = generate_workload("alpaca", 200, seed=2, rate=None)
+    run = simulate(requests, "paged", 16384, block_size=16, max_running=5)
+    assert run.running.max() == 5 and (run.waiting[:10] > 0).all()
+    assert (run.external == 0).all()          # waiting for a batch slot, not for memory
+    assert run.generated_tokens == sum(r.output_len for r in requests)
+    with pytest.raises(ValueError, match="max_running"):
+        simulate(requests, "paged", 16384, max_running=0)
