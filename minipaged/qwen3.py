@@ -417,9 +417,9 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager, by dtype."""
-LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1.2e-1}
 """Largest relative error of next-token logits vs transformers at any decode step, by dtype."""
 
 
