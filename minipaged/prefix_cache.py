@@ -9,6 +9,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from minipaged.block_manager import SequenceState, StepReservation
 from minipaged.sharing import SharingBlockManager
 
@@ -94,6 +96,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self._cache: dict[int, list[int]] = {}          # hash -> cached blocks with that hash
         self._tokens: dict[Hashable, list[int]] = {}    # known token ids per sequence
         self._chain: dict[Hashable, list[int]] = {}     # hashes of its registered leading blocks
+        self._lagging: set[Hashable] = set()            # sequences with full blocks of unknown tokens
 
     def _make_free_list(self, blocks: Iterable[int]) -> LRUFreeBlockQueue:
         return LRUFreeBlockQueue(blocks)
@@ -109,24 +112,31 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def _identity(self, block: int) -> tuple[int, int]:
         return block, self._generation[block]
 
-    def _lookup(self, block_hash: int, tokens: tuple[int, ...], parent: tuple[int, int] | None) -> int | None:
-        for block in self._cache.get(block_hash, ()):
-            if self._block_tokens[block] == tokens and self._block_parent[block] == parent:
-                return block
-        return None  # a miss, or a hash collision caught by comparing tokens and parent
-
     def _match(self, token_ids: Sequence[int], max_blocks: int) -> list[int]:
-        """Cached blocks holding the longest prefix of ``token_ids`` (at most ``max_blocks``)."""
-        bs, blocks, parent_hash, parent = self.block_size, [], None, None
+        """Cached blocks holding the longest prefix of ``token_ids`` (at most ``max_blocks``).
+
+        A candidate must have the right hash, the same token ids, and as parent a block matched one
+        level up; several copies of one prefix may be cached, so every matching chain is followed.
+        """
+        bs, block_hash = self.block_size, None
+        levels: list[dict[tuple[int, int], tuple[int, tuple[int, int] | None]]] = []
+        parents: Mapping = {None: None}
         for j in range(max_blocks):
             tokens = tuple(token_ids[j * bs:(j + 1) * bs])
-            parent_hash = self.hash_fn(parent_hash, tokens)
-            block = self._lookup(parent_hash, tokens, parent)
-            if block is None:
-                break
-            blocks.append(block)
-            parent = self._identity(block)
-        return blocks
+            block_hash = self.hash_fn(block_hash, tokens)
+            matches = {}
+            for block in self._cache.get(block_hash, ()):
+                if self._block_tokens[block] == tokens and self._block_parent[block] in parents:
+                    matches[self._identity(block)] = (block, self._block_parent[block])
+            if not matches:
+                break  # a miss, or only hash collisions (caught by comparing tokens and parent)
+            levels.append(matches)
+            parents = matches
+        chain, identity = [], next(iter(levels[-1])) if levels else None
+        for level in reversed(levels):
+            block, identity = level[identity]
+            chain.append(block)
+        return chain[::-1]
 
     def _register(self, block: int, block_hash: int, tokens: tuple[int, ...],
                   parent: tuple[int, int] | None, seq_id: Hashable) -> None:
@@ -163,10 +173,12 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self._tokens[seq_id], self._chain[seq_id] = [], []
 
     def append_token_ids(self, seq_id: Hashable, token_ids: Iterable[int]) -> None:
-        """Record token ids of a live or swapped sequence (each sampled token, in order)."""
-        if seq_id not in self._tokens:
+        """Record token ids (Python ints) of a live or swapped sequence: each sampled token, in order."""
+        try:
+            self._tokens[seq_id].extend(token_ids)
+        except KeyError:
             self._state(seq_id)  # raises the precise error
-        self._tokens[seq_id].extend(int(t) for t in token_ids)
+            raise
 
     def token_ids(self, seq_id: Hashable) -> list[int]:
         """The token ids the manager knows for a live or swapped sequence."""
@@ -218,26 +230,42 @@ class PrefixCachingBlockManager(SharingBlockManager):
         super().fork(parent_id, child_id)
         self._tokens[child_id] = list(self._tokens[parent_id])
         self._chain[child_id] = list(self._chain[parent_id])
+        if parent_id in self._lagging:
+            self._lagging.add(child_id)
 
     def release_sequence(self, seq_id: Hashable) -> None:
         super().release_sequence(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
+        self._lagging.discard(seq_id)
 
     def release_swapped(self, seq_id: Hashable) -> None:
         super().release_swapped(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
+        self._lagging.discard(seq_id)
 
     def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
         pairs = super().swap_in(seq_id)
-        self._chain[seq_id] = []   # fresh blocks: registered again at the next commit
+        self._chain[seq_id] = []          # fresh blocks: registered again at its next commit
+        self._lagging.add(seq_id)
         return pairs
 
     # -- registering full blocks when a step is committed --
     def commit_step(self, reservation: StepReservation) -> None:
         super().commit_step(reservation)
-        if self.enable_prefix_caching:
-            for state in reservation.states:
-                self._register_full_blocks(state)
+        if not self.enable_prefix_caching:
+            return
+        # Only sequences whose step crossed a block boundary have a newly full block (found with
+        # one array operation), plus any whose tokens were told late (``_lagging``).
+        lens = reservation.seq_lens.numpy()
+        counts = np.asarray(reservation.num_new_tokens, dtype=lens.dtype)
+        crossed = np.flatnonzero(lens // self.block_size > (lens - counts) // self.block_size).tolist()
+        states = reservation.states
+        for i in crossed:
+            self._register_full_blocks(states[i])
+        if self._lagging:
+            for state in states:
+                if state.seq_id in self._lagging:
+                    self._register_full_blocks(state)
 
     def _register_full_blocks(self, state: SequenceState) -> None:
         bs, chain, tokens = self.block_size, self._chain[state.seq_id], self._tokens[state.seq_id]
@@ -252,6 +280,10 @@ class PrefixCachingBlockManager(SharingBlockManager):
             elif self._block_hash[block] != block_hash or self._block_tokens[block] != block_tokens:
                 break  # shared with a sequence that registered other tokens: stop the chain here
             chain.append(block_hash)
+        if len(chain) < state.length // bs and len(tokens) < state.length:
+            self._lagging.add(state.seq_id)  # full blocks whose tokens we were not told (yet)
+        else:
+            self._lagging.discard(state.seq_id)
 
     # -- reconciliation, extended to the cache --
     def first_inconsistency(self) -> str | None:

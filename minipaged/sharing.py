@@ -99,8 +99,13 @@ class SharingBlockManager(KVBlockManager):
         return index if self._refcount[state.block_table[index]] > 1 else None
 
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
-        copy = count > 0 and self._shared_partial_block(state, state.length + state.reserved) is not None
-        return super()._new_blocks_for(state, count) + copy
+        # Chapter 4's count, plus one block if the first token lands in a shared, partly filled block.
+        # (Written out rather than calling super(): this runs for every sequence of every step.)
+        bs, position = self.block_size, state.length + state.reserved
+        needed = -(-(position + count) // bs) - len(state.block_table)
+        if count and position % bs and self._refcount[state.block_table[position // bs]] > 1:
+            return (needed if needed > 0 else 0) + 1
+        return needed if needed > 0 else 0
 
     def _grow(self, state: SequenceState, k: int, undo: list[tuple], copies: list) -> list[int]:
         taken: list[int] = []

@@ -158,3 +158,28 @@ def test_reconciliation_sees_cache_damage():
 def test_chained_hash_depends_on_parent():
     assert chained_block_hash(None, (1, 2)) != chained_block_hash(5, (1, 2))
     assert chained_block_hash(5, (1, 2)) == chained_block_hash(5, (1, 2))
+
+
+def test_tokens_told_late_are_cached_at_the_next_step():
+    m = PrefixCachingBlockManager(16, 2)
+    prefill(m, "a", [1, 2, 3])
+    m.commit_step(m.reserve_step(["a"]))                       # block (3, ?) fills, token unknown
+    assert m.num_cached_blocks == 1
+    m.append_token_ids("a", [4, 5])                            # told late: tokens 4 and 5
+    m.commit_step(m.reserve_step(["a"]))                       # writes token 5, no boundary crossed
+    assert m.num_cached_blocks == 2 and m.cached_prefix_length([1, 2, 3, 4, 9]) == 4
+    assert m.invariants_ok()
+
+
+def test_swapped_in_blocks_are_cached_again():
+    m = PrefixCachingBlockManager(6, 2, num_cpu_blocks=4)
+    prefill(m, "a", [1, 2, 3, 4, 5])
+    m.swap_out("a")
+    m.release_sequence("a") if "a" in m else None
+    prefill(m, "b", [8] * 9)                                   # 5 blocks: evicts the tail entry
+    assert m.cached_prefix_length([1, 2, 3, 4, 5]) < 4
+    m.release_sequence("b")
+    m.swap_in("a")
+    m.append_token_ids("a", [6])
+    m.commit_step(m.reserve_step(["a"]))
+    assert m.cached_prefix_length([1, 2, 3, 4, 5]) == 4 and m.invariants_ok()
