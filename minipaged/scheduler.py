@@ -157,7 +157,7 @@ class SchedulerConfig:
             raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     """``num_tokens`` consecutive tokens of ``seq``, from position ``start``, run in this step.
 
@@ -244,6 +244,7 @@ class Scheduler:
         self._live: dict[int, Sequence] = {}
         # a chapter 6 manager caches prefixes: it admits whole prompts and wants every token id
         self._caches_prefixes = hasattr(manager, "allocate_prompt")
+        self._fast = True  # use the optimistic decode count (schedule() falls back when wrong)
 
     # -- requests in and out ----------------------------------------------------------------
     def check_prompt(self, num_prompt_tokens: int) -> None:
@@ -330,13 +331,39 @@ class Scheduler:
                 if self.config.policy == "decode_first":
                     self._schedule_waiting(out, budget)
         if out.chunks:
-            out.reservation = self.manager.reserve_step(
-                {c.seq.seq_id: c.num_tokens for c in out.chunks})
+            try:
+                out.reservation = self.manager.reserve_step(
+                    {c.seq.seq_id: c.num_tokens for c in out.chunks})
+            except MemoryError:  # the optimistic count missed a copy-on-write block: redo exactly
+                if not self._fast:
+                    raise
+                self.step_count -= 1
+                self.abort_step(out)
+                self._fast = False
+                try:
+                    redo = self.schedule()
+                finally:
+                    self._fast = True
+                redo.preempted[:0], redo.swap_out[:0] = out.preempted, out.swap_out
+                redo.swap_in[:0] = out.swap_in  # blocks already moved in the manager's books
+                return redo
         out.stats = self._stats(out)
         self.timeline.append(out.stats)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
+        running, bs = self.running, self.block_size
+        if self._fast and running and budget[0] >= len(running) and all(
+                s.num_tokens - s.num_computed_tokens == 1 for s in running):
+            # the common step: everyone decodes one token. Count new blocks without asking the
+            # manager per sequence; if copy-on-write makes it more, reserve_step refuses the step
+            # and schedule() redoes it exactly (see schedule).
+            need = sum(1 for s in running if s.num_computed_tokens % bs == 0)
+            if need <= self._free_after(budget[1]):
+                out.chunks.extend([ScheduledChunk(s, s.num_computed_tokens, 1) for s in running])
+                budget[0] -= len(running)
+                budget[1] += need
+                return
         i = 0
         while i < len(self.running) and budget[0] > 0:
             seq = self.running[i]
@@ -413,10 +440,12 @@ class Scheduler:
             self.manager.commit_step(out.reservation)
             out.reservation = None
         events = []
+        running = SequenceStatus.RUNNING
         for chunk in out.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens = chunk.start + chunk.num_tokens
-            if chunk.samples and seq.status is SequenceStatus.RUNNING:
+            end = chunk.start + chunk.num_tokens
+            seq.num_computed_tokens = end
+            if end == seq.num_tokens and seq.status is running:  # the chunk samples
                 events.append((seq, sampled[seq.seq_id]))
         for parent, child, token in forks:  # before the tokens are recorded: a child has its own
             self.manager.fork(parent.seq_id, child.seq_id)

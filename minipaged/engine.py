@@ -1,0 +1,567 @@
+# GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+"""The serving engine: vLLM's offline ``LLM`` API on chapters 4-10 (manager, cache, model, scheduler)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minipaged.prefix_cache import PrefixCachingBlockManager
+from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
+from minipaged.runtime import default_device
+from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler, SchedulerConfig,
+                                 SchedulerOutput, Sequence, SequenceStatus)
+
+__all__ = [
+    "make_generator",
+    "sample",
+    "CompletionOutput",
+    "RequestOutput",
+    "RunStats",
+    "DecodeGraphs",
+    "EngineError",
+    "LLM",
+]
+
+
+class EngineError(RuntimeError):
+    """The engine cannot make progress (for example a step that schedules nothing)."""
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A private random stream for one sequence (``None``: share the global one)."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
+    """Pick one token per row of ``logits [B, V]`` under each row's ``SamplingParams``.
+
+    Greedy rows take the argmax. Other rows divide by their temperature, keep their top-k and their
+    top-p nucleus, and draw with the exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` is a
+    draw from ``p``, and each seeded row draws its ``E`` from its own generator, so its tokens do
+    not depend on what else is in the batch. One sort serves top-k and top-p for the whole batch.
+    """
+    rows, vocab = logits.shape
+    if len(params) != rows:
+        raise ValueError(f"{rows} rows of logits but {len(params)} SamplingParams")
+    greedy_tokens = logits.argmax(dim=-1)
+    if all(p.greedy for p in params):
+        return greedy_tokens
+    device = logits.device
+    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
+                               device=device, dtype=torch.float32)
+    scaled = logits.float() / temperature[:, None]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    if min(top_k) < vocab or min(top_p) < 1.0:
+        ordered, order = scaled.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=device)[None, :]
+        drop = ranks >= torch.tensor(top_k, device=device)[:, None]
+        ordered = ordered.masked_fill(drop, float("-inf"))
+        probs = ordered.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # keep a token while the mass before it < top_p
+        drop |= mass_before >= torch.tensor(top_p, device=device)[:, None]
+        drop[:, 0] = False
+        scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+    probs = scaled.softmax(dim=-1)
+    race = torch.empty_like(probs).exponential_()
+    for row, generator in enumerate(generators or ()):
+        if generator is not None:
+            race[row].exponential_(generator=generator)
+    drawn = (probs / race).argmax(dim=-1)
+    is_greedy = torch.tensor([p.greedy for p in params], device=device)
+    return torch.where(is_greedy, greedy_tokens, drawn)
+
+
+@dataclass
+class CompletionOutput:
+    """One generated continuation of a prompt (``n`` of them per request)."""
+
+    index: int
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt, in prompt order (vLLM's field names).
+
+    ``error`` is set, and ``outputs`` empty, for a request the engine refused (too long a prompt);
+    the other requests of the batch are served normally. ``metrics`` holds arrival, first-token and
+    finish times (seconds, ``time.perf_counter``), preemptions and prompt tokens found cached.
+    """
+
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunStats:
+    """Counters of one ``generate`` call, and the scheduler's per-step timeline."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    kv_tokens_read: int = 0
+    graph_steps: int = 0
+    forward_seconds: float = 0.0
+    schedule_seconds: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        def mean(xs):
+            return sum(xs) / len(xs) if xs else None
+
+        return {"steps": self.steps, "prefill_tokens": self.prefill_tokens,
+                "output_tokens": self.output_tokens, "preemptions": self.preemptions,
+                "prefix_hit_rate": self.cached_prompt_tokens / max(1, self.prompt_tokens),
+                "kv_tokens_read": self.kv_tokens_read, "graph_steps": self.graph_steps,
+                "forward_seconds": self.forward_seconds,
+                "schedule_seconds": self.schedule_seconds, "mean_ttft_s": mean(self.ttft),
+                "mean_tpot_s": mean(self.tpot)}
+
+
+class DecodeGraphs:
+    """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed every step.
+
+    A decode step of a small model is a few hundred short kernels; launching them one by one from
+    Python takes longer than running them. Capture records the launches once into a graph per
+    bucket (1, 2, 4, ... up to ``max_batch``) over static input buffers; a step copies its inputs
+    into the buffers, pads the batch to the next bucket (padding rows write to slot -1, i.e.
+    nowhere, and have length 0) and replays. Block tables are ``max_blocks`` wide, so the same graph
+    serves every context length.
+    """
+
+    def __init__(self, model: Qwen3PagedModel, cache, max_batch: int, max_blocks: int) -> None:
+        device = model.device
+        self.model, self.cache, self.max_blocks = model, cache, max_blocks
+        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b < max_batch]
+        self.buckets.append(max_batch)
+        n = max_batch
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.rows = torch.arange(n, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory pool
+            batch = self._batch(b)
+            model(batch, cache)  # compile and warm up outside the capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[b] = model(batch, cache)
+            pool = graph.pool()
+            self.graphs[b] = graph
+
+    def _batch(self, b: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:b], positions=self.positions[:b],
+            slot_mapping=self.slot_mapping[:b], query_lens=(1,) * b, context_lens=(1,) * b,
+            block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b], logits_indices=self.rows[:b])
+
+    def fits(self, batch_size: int, table_width: int) -> bool:
+        return batch_size <= self.buckets[-1] and table_width <= self.max_blocks
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, vocab] of one decode step (host tensors in, copied to the static buffers)."""
+        n = len(input_ids)
+        b = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.slot_mapping[n:b].fill_(-1)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.seq_lens[n:b].zero_()
+        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self.graphs[b].replay()
+        return self.outputs[b][:n]
+
+
+@dataclass
+class _Request:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    error: str | None = None
+    aborted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or (
+            (self.aborted or len(self.seqs) == self.params.n)
+            and all(s.status.finished for s in self.seqs))
+
+
+class LLM:
+    """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
+
+    ``model`` is a transformers ``Qwen3ForCausalLM`` (its weights are shared, not copied), a
+    ``Qwen3PagedModel``, or a hub id / local path (needs the network or a local copy).
+    ``num_blocks=None`` sizes the cache from free GPU memory (``gpu_memory_utilization`` of the card,
+    minus what is already used), or to a small default on CPU.
+    """
+
+    CPU_DEFAULT_BLOCKS = 1024
+
+    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
+                 max_num_seqs: int = 256, enable_prefix_caching: bool = True,
+                 device: torch.device | str | None = None, tokenizer=None,
+                 max_model_len: int | None = None, max_num_batched_tokens: int = 8192,
+                 gpu_memory_utilization: float = 0.9, policy: str = "decode_first",
+                 preemption_mode: str = "recompute", num_cpu_blocks: int | None = None,
+                 enable_chunked_prefill: bool = False, enable_cuda_graphs: bool | None = None,
+                 check_invariants: bool = False) -> None:
+        self.model, self.tokenizer = _load_model(model, tokenizer, device)
+        config = self.model.config
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        if num_blocks is None:
+            num_blocks = self._auto_num_blocks(block_size, gpu_memory_utilization, max_num_batched_tokens)
+        self.cache = self.model.new_cache(num_blocks, block_size)
+        if preemption_mode == "swap" and num_cpu_blocks is None:
+            num_cpu_blocks = num_blocks
+        self.cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None
+        self.manager = _make_manager(num_blocks, block_size, enable_prefix_caching, num_cpu_blocks or 0)
+        self.scheduler = Scheduler(self.manager, SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=self.max_model_len, policy=policy, preemption_mode=preemption_mode,
+            enable_chunked_prefill=enable_chunked_prefill))
+        self.check_invariants = check_invariants
+        on_gpu = self.model.device.type == "cuda"
+        self.enable_cuda_graphs = on_gpu if enable_cuda_graphs is None else enable_cuda_graphs and on_gpu
+        self._graphs: DecodeGraphs | None = None
+        self._max_num_seqs = max_num_seqs
+        self.eos_token_id = _eos_id(config, self.tokenizer)
+        self.stats = RunStats()
+        self._requests: dict[int, _Request] = {}
+        self._generators: dict[int, torch.Generator | None] = {}
+        self._request_ids = itertools.count()
+        self._seq_ids = itertools.count()
+
+    # -- set-up helpers ---------------------------------------------------------------------
+    def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
+        c, device = self.model.config, self.model.device
+        per_block = (2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * block_size
+                     * self.model.dtype.itemsize)
+        if device.type != "cuda":
+            return self.CPU_DEFAULT_BLOCKS
+        free, total = torch.cuda.mem_get_info(device)
+        activations = max_tokens * (c.vocab_size * 4 + 16 * c.intermediate_size * 2)  # logits + MLP
+        budget = int(utilization * total) - (total - free) - activations
+        if budget < per_block:
+            raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free): "
+                              "lower max_num_batched_tokens, raise gpu_memory_utilization, or set num_blocks")
+        return budget // per_block
+
+    def model_parameters(self):
+        return self.model.parameters()
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue one prompt (token ids, or text with a tokenizer); returns its request id.
+
+        Raises ``PromptTooLongError`` (and queues nothing) if the prompt can never be served.
+        """
+        params = params or SamplingParams()
+        text, ids = self._tokenize(prompt)
+        self.scheduler.check_prompt(len(ids))
+        request_id = next(self._request_ids)
+        seq = self._new_sequence(request_id, ids, params, 0)
+        self._requests[request_id] = _Request(request_id, text, ids, params, [seq])
+        self.scheduler.add(seq)
+        self.stats.prompt_tokens += len(ids)
+        return request_id
+
+    def abort_request(self, request_id: int) -> RequestOutput:
+        """Cancel a request now: its sequences stop, their blocks are freed; returns what it made."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            raise KeyError(f"unknown or already finished request {request_id}")
+        request.aborted = True
+        for seq in request.seqs:
+            if not seq.status.finished:
+                self.scheduler.abort(seq.seq_id)
+        return self._output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("text prompts need a tokenizer: pass token ids, or a model with one")
+            return prompt, list(self.tokenizer(prompt)["input_ids"])
+        return None, [int(t) for t in prompt]
+
+    def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
+                      index: int) -> Sequence:
+        seq = Sequence(next(self._seq_ids), request_id, ids, params, sample_index=index)
+        seed = None if params.seed is None else params.seed + index
+        self._generators[seq.seq_id] = make_generator(seed, self.model.device)
+        return seq
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once (twice when prefills and decodes mix), sample, commit.
+
+        Returns the requests that finished in this step (and forgets them).
+        """
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if out.is_empty:
+            if self.scheduler.has_unfinished():
+                raise EngineError("the scheduler found nothing to run although requests are "
+                                  "waiting: the cache is too small for any of them")
+            return []
+        try:
+            self._move_blocks(out)
+            logits, samplers = self._forward(out)
+            tokens = self._sample(logits, samplers)
+        except BaseException:
+            self.scheduler.abort_step(out)  # the step never happened: its blocks go back
+            raise
+        t2 = time.perf_counter()
+        sampled, forks = {}, []
+        for (seq, child), token in zip(samplers, tokens):
+            if child is None:
+                sampled[seq.seq_id] = token
+            else:
+                forks.append((seq, child, token))
+        for parent, child, _ in forks:
+            self._requests[parent.request_id].seqs.append(child)
+        done = self.scheduler.commit(out, sampled, self.eos_token_id, forks)
+        self._account(out, done, len(tokens), t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        if self.check_invariants:
+            self.scheduler.check_invariants()
+        finished = []
+        for request_id in dict.fromkeys(s.request_id for s in done):
+            if self._requests[request_id].finished:
+                finished.append(self._output(self._requests.pop(request_id)))
+        return finished
+
+    def _move_blocks(self, out: SchedulerOutput) -> None:
+        if out.swap_out:
+            self.cache.swap_out(self.cpu_cache, out.swap_out)
+        if out.swap_in:
+            self.cache.swap_in(self.cpu_cache, out.swap_in)
+        if out.reservation.copies:
+            self.cache.copy_blocks(out.reservation.copies)
+
+    def _forward(self, out: SchedulerOutput):
+        """Run the step's chunks: decodes in one batch, prefills in another (each kernel's best case).
+
+        Returns logits [rows, vocab] to sample from and, per row, ``(sequence, fork_child_or_None)``.
+        """
+        res, chunks = out.reservation, out.chunks
+        starts = list(itertools.accumulate((c.num_tokens for c in chunks), initial=0))
+        decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
+        prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+        parts, pick, samplers = [], [], []
+        for group in (decode, prefill):
+            if not group:
+                continue
+            whole = len(group) == len(chunks)
+            token_index = None if whole else torch.cat(
+                [torch.arange(starts[i], starts[i + 1]) for i in group])
+            base = sum(len(p) for p in parts)
+            parts.append(self._run_group([chunks[i] for i in group], res, token_index,
+                                         None if whole else torch.tensor(group)))
+            row = base
+            for i in group:
+                if not chunks[i].samples:
+                    continue
+                seq = chunks[i].seq
+                pick.append(row)
+                samplers.append((seq, None))
+                for child in self._children_for(seq):
+                    pick.append(row)
+                    samplers.append((seq, child))
+                row += 1
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(pick) != len(logits) or pick != list(range(len(pick))):
+            logits = logits[torch.tensor(pick, device=logits.device)]
+        return logits, samplers
+
+    def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
+        """One forward over ``chunks``, a subset of the step (token / chunk indices into it)."""
+        device = self.model.device
+        pick = (lambda t: t) if token_index is None else (lambda t: t.index_select(0, token_index))
+        ids = torch.tensor([t for c in chunks for t in c.seq.token_ids(c.start, c.start + c.num_tokens)],
+                           dtype=torch.long)
+        query_lens = tuple(c.num_tokens for c in chunks)
+        ends = list(itertools.accumulate(query_lens))
+        logits_indices = [e - 1 for c, e in zip(chunks, ends) if c.samples]
+        seq_lens = res.seq_lens if seq_index is None else res.seq_lens.index_select(0, seq_index)
+        tables = self.manager.get_block_table_tensor([c.seq.seq_id for c in chunks])
+        decode = max(query_lens) == 1
+        if decode:
+            self.stats.kv_tokens_read += int(seq_lens.sum())
+            graphs = self._decode_graphs()
+            if graphs is not None and graphs.fits(len(chunks), tables.shape[1]):
+                self.stats.graph_steps += 1
+                logits = graphs.run(ids, pick(res.positions), pick(res.slot_mapping), tables, seq_lens)
+                return logits if len(logits_indices) == len(chunks) else logits[logits_indices]
+        batch = ForwardBatch(
+            input_ids=ids.to(device, non_blocking=True),
+            positions=pick(res.positions).to(device, non_blocking=True),
+            slot_mapping=pick(res.slot_mapping).to(device, non_blocking=True),
+            query_lens=query_lens, context_lens=tuple(c.start for c in chunks),
+            block_tables=tables.to(device, non_blocking=True),
+            seq_lens=seq_lens.to(device, non_blocking=True),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device, non_blocking=True))
+        if decode or device.type != "cuda":
+            return self.model(batch, self.cache)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # Prefill: FlashAttention (or memory-efficient) kernels; cuDNN's plans its kernel anew for
+        # every new prompt length, which costs tens of ms each time.
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return self.model(batch, self.cache)
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The captured decode graphs (captured on first use), or None when they are off."""
+        if self._graphs is None and self.enable_cuda_graphs:
+            max_blocks = -(-self.max_model_len // self.cache.block_size)
+            self._graphs = DecodeGraphs(self.model, self.cache, self._max_num_seqs, max_blocks)
+        return self._graphs
+
+    def _children_for(self, seq: Sequence) -> list[Sequence]:
+        """The n - 1 siblings a request forks off its first sequence when that one samples first."""
+        request = self._requests[seq.request_id]
+        if seq.sample_index != 0 or seq.output_token_ids or len(request.seqs) > 1:
+            return []
+        return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
+                for i in range(1, seq.params.n)]
+
+    def _sample(self, logits, samplers) -> list[int]:
+        if not samplers:
+            return []
+        seqs = [child or seq for seq, child in samplers]
+        tokens = sample(logits, [s.params for s in seqs], [self._generators[s.seq_id] for s in seqs])
+        return tokens.tolist()
+
+    def _account(self, out: SchedulerOutput, done: list[Sequence], num_sampled: int,
+                 schedule_s: float, forward_s: float) -> None:
+        stats = self.stats
+        stats.steps += 1
+        stats.schedule_seconds += schedule_s
+        stats.forward_seconds += forward_s
+        stats.prefill_tokens += out.stats.num_prefill_tokens
+        stats.preemptions += len(out.preempted)
+        stats.output_tokens += num_sampled
+        stats.cached_prompt_tokens += sum(s.num_cached_prompt_tokens for s in out.admitted
+                                          if s.num_preemptions == 0)
+        for seq in done:
+            self._generators.pop(seq.seq_id, None)
+            if seq.first_token_time is not None:
+                stats.ttft.append(seq.first_token_time - seq.arrival_time)
+                if len(seq.output_token_ids) > 1:
+                    stats.tpot.append((seq.finish_time - seq.first_token_time)
+                                      / (len(seq.output_token_ids) - 1))
+
+    # -- the offline API --------------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; returns one ``RequestOutput`` per prompt, in prompt order.
+
+        ``prompts``: token-id lists, or strings when a tokenizer exists (one prompt alone is fine).
+        A prompt that can never be served comes back with ``error`` set; the others are served.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} SamplingParams")
+        self.stats = RunStats()
+        ids, results = [], {}
+        for prompt, params in zip(prompts, sampling_params):
+            try:
+                ids.append(self.add_request(prompt, params))
+            except PromptTooLongError as error:
+                request_id = next(self._request_ids)
+                text, tokens = self._tokenize(prompt)
+                results[request_id] = self._output(_Request(request_id, text, tokens, params, [], str(error)))
+                ids.append(request_id)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        while self.has_unfinished_requests():
+            finished = self.step()
+            results.update((o.request_id, o) for o in finished)
+            if bar is not None:
+                bar.update(len(finished))
+        if bar is not None:
+            bar.close()
+        return [results[i] for i in ids]
+
+    def _output(self, request: _Request) -> RequestOutput:
+        outputs = []
+        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
+            text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None
+            outputs.append(CompletionOutput(seq.sample_index, list(seq.output_token_ids), text,
+                                            seq.finish_reason))
+        first = request.seqs[0] if request.seqs else None
+        metrics = {} if first is None else {
+            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+            "finish_time": max(s.finish_time or 0 for s in request.seqs),
+            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
+            "num_cached_tokens": first.num_cached_prompt_tokens}
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
+                             request.finished, request.error, metrics)
+
+    def last_run_stats(self) -> dict:
+        """The counters of the last ``generate`` call (steps, tokens, preemptions, hit rate, ...)."""
+        return self.stats.summary()
+
+
+def _load_model(model, tokenizer, device):
+    if isinstance(model, str):
+        from minipaged.qwen3 import load_hub_qwen3
+
+        model, tokenizer = load_hub_qwen3(model, device=device or default_device())
+    if not isinstance(model, Qwen3PagedModel):
+        model = Qwen3PagedModel.from_hf(model)
+    if device is not None:
+        model = model.to(device)
+    return model, tokenizer
+
+
+def _eos_id(config, tokenizer) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, (list, tuple)) else eos
+
+
+def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool, num_cpu_blocks: int):
+    """Chapter 6's manager: sharing, copy-on-write, a CPU pool, and (optionally) prefix caching."""
+    return PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks,
+                                     enable_prefix_caching=prefix_caching)
