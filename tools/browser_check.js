@@ -5,11 +5,17 @@ const path = require("path");
 
 const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
-const PAGES = [
-  { url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 },
-  { url: "chapters/01_kv_sizing.html", name: "chapter01", math: true, figures: 1, exercises: 3,
-    colab: "notebooks/01_kv_sizing.ipynb" },
-];
+// The introduction and every chapter page: chapters after 0 must show a figure, exercises with
+// (hidden) solutions, and a Colab button to their notebook twin; math must render without errors.
+const chapters = fs.readdirSync(path.join(process.env.BOOK_DIR, "chapters"))
+  .filter((f) => /^\d\d_.*\.html$/.test(f)).sort();
+const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 }].concat(
+  chapters.map((f) => {
+    const stem = f.replace(/\.html$/, "");
+    const first = stem.startsWith("00_");
+    return { url: `chapters/${f}`, name: stem, math: stem.startsWith("01_"),
+             figures: first ? 0 : 1, exercises: first ? 0 : 1, colab: `notebooks/${stem}.ipynb` };
+  }));
 
 (async () => {
   const browser = await chromium.launch({
@@ -48,7 +54,8 @@ const PAGES = [
     const problems = [];
     if (spec.math && (seen.math === 0 || seen.mathErrors > 0)) problems.push("math not rendered");
     if (seen.figures < spec.figures) problems.push(`expected >= ${spec.figures} figures`);
-    if (seen.exercises < spec.exercises || seen.solutions < spec.exercises) problems.push("exercises");
+    if (seen.exercises < spec.exercises || seen.solutions < seen.exercises) problems.push("exercises/solutions");
+    if (seen.mathErrors > 0) problems.push("math errors");
     if (spec.colab && !seen.colab.some((h) => h.endsWith(spec.colab))) problems.push("colab link");
     failures += problems.length;
     console.log(JSON.stringify({ page: spec.url, ...seen, problems }));

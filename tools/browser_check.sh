@@ -22,5 +22,5 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 sleep 1
 mkdir -p screenshots
-NODE_PATH="$TOOLS/node_modules" BASE="http://127.0.0.1:$PORT" MATHJAX_DIR="$TOOLS/node_modules/mathjax" \
+NODE_PATH="$TOOLS/node_modules" BOOK_DIR=_build/html BASE="http://127.0.0.1:$PORT" MATHJAX_DIR="$TOOLS/node_modules/mathjax" \
   node tools/browser_check.js
