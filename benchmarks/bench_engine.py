@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import random
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 
 COPY_BANDWIDTH = 4.29e12  # bytes/s read+written, measured device-to-device copy on this H200
 
@@ -98,10 +100,43 @@ def roofline(config, llm, stats, seconds):
             "weight_bytes": weight_bytes}
 
 
+def set_attention(model, name):
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError):  # older transformers: the config field decides
+        model.config._attn_implementation = name
+
+
+def check_parity(device) -> dict:
+    """Greedy minipaged == transformers generate(do_sample=False), fp32, before any timing."""
+    from minipaged import LLM, SamplingParams
+    from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, reference_greedy
+
+    config = qwen3_0_6b_config(tie_word_embeddings=False, initializer_range=0.2, num_hidden_layers=4)
+    hf = random_qwen3(config, dtype=torch.float32, device=device, attn_implementation="sdpa")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(config.vocab_size) for _ in range(n)] for n in (5, 17, 100, 333, 2, 64)]
+    reference, _ = reference_greedy(hf, prompts, 24)
+    rows = {}
+    for name, kw in (("graphs", {}), ("eager", {"enable_cuda_graphs": False}),
+                     ("preempt_recompute", {"num_blocks": 48, "block_size": 4}),
+                     ("preempt_swap", {"num_blocks": 48, "block_size": 4, "preemption_mode": "swap"})):
+        llm = LLM(hf, num_blocks=kw.pop("num_blocks", 4096), check_invariants=True, **kw)
+        got = [o.outputs[0].token_ids for o in llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)]
+        rows[name] = {"identical": got == reference,
+                      "first_diff": [i for i, (a, b) in enumerate(zip(got, reference)) if a != b],
+                      **{k: llm.last_run_stats()[k] for k in ("preemptions", "graph_steps")}}
+        del llm
+    del hf
+    torch.cuda.empty_cache()
+    return rows
+
+
 def run_hf_generate_batch(model, prompts, max_tokens, args):
     from transformers import GenerationConfig
 
-    model.set_attn_implementation("paged|sdpa")
+    set_attention(model, "paged|sdpa")
     config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1,
                               pad_token_id=0, use_cuda_graph=False)
     model.generate_batch(inputs=[p[:32] for p in prompts[:4]],
@@ -112,14 +147,14 @@ def run_hf_generate_batch(model, prompts, max_tokens, args):
     results = model.generate_batch(inputs=prompts, generation_config=config)
     sync()
     seconds = time.perf_counter() - start
-    model.set_attn_implementation("sdpa")
+    set_attention(model, "sdpa")
     tokens = sum(len(r.generated_tokens) for r in results.values())
     return {"path": "hf_generate_batch", "requests": len(prompts), "output_tokens": tokens,
             "seconds": seconds, "tok_per_s": tokens / seconds, "attn_implementation": "paged|sdpa"}
 
 
 def run_hf_padded(model, prompts, max_tokens, args, deadline):
-    model.set_attn_implementation("sdpa")
+    set_attention(model, "sdpa")
     device = next(model.parameters()).device
     tokens, seconds, done = 0, 0.0, 0
     for i in range(0, len(prompts), args.hf_batch):
@@ -158,15 +193,20 @@ def main() -> int:
                         help="requests for generate_batch (default: all; it returns only at the end)")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--check", action="store_true",
+                        help="first check greedy parity with transformers (fp32, 4 layers)")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    parity = check_parity(device) if args.check and device == "cuda" else None
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     num_requests = args.num_requests or (32 if args.quick else 256)
     max_tokens = args.max_tokens or (64 if args.quick else 512)
     lo, hi = (16, 128) if args.quick and device == "cpu" else (100, 1024)
     config = qwen3_06b_config(args.quick)
     model = build_model(config, device, dtype)
+    if parity is not None:
+        print("parity:", json.dumps(parity), flush=True)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
 
     out_dir = Path(args.out)
@@ -180,6 +220,7 @@ def main() -> int:
                      "ignore_eos": True, "greedy": True, "dtype": str(dtype),
                      "model": "random Qwen3-0.6B shape" if config.num_hidden_layers == 28 else "tiny"},
         "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH,
+        "parity_fp32_4_layers": parity,
         "rows": [],
     }
 
@@ -204,6 +245,9 @@ def main() -> int:
             if device == "cuda":
                 torch.cuda.empty_cache()
         row["wall_seconds"] = time.perf_counter() - t0
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
         save()
