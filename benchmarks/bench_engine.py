@@ -73,7 +73,7 @@ def run_minipaged(model, prompts, max_tokens, args):
 
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate([p[:32] for p in prompts[:4]], SamplingParams(temperature=0.0, max_tokens=4),
+    llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
     sync()
     start = time.perf_counter()
