@@ -52,9 +52,12 @@ class LRUFreeBlockQueue:
         del self._queue[block]
 
 
+ROOT_HASH = 0x9E3779B97F4A7C15  # stands in for "no parent" (hash(None) varies between runs before 3.12)
+
+
 def chained_block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     """Hash of a full block from its parent's hash (None for the first block) and its token ids."""
-    return hash((parent_hash, token_ids))
+    return hash((ROOT_HASH if parent_hash is None else parent_hash, token_ids))
 
 
 @dataclass
