@@ -119,8 +119,8 @@ def check_parity(device) -> dict:
     reference, _ = reference_greedy(hf, prompts, 24)
     rows = {}
     for name, kw in (("graphs", {}), ("eager", {"enable_cuda_graphs": False}),
-                     ("preempt_recompute", {"num_blocks": 48, "block_size": 4}),
-                     ("preempt_swap", {"num_blocks": 48, "block_size": 4, "preemption_mode": "swap"})):
+                     ("preempt_recompute", {"num_blocks": 120, "block_size": 4}),
+                     ("preempt_swap", {"num_blocks": 120, "block_size": 4, "preemption_mode": "swap"})):
         llm = LLM(hf, num_blocks=kw.pop("num_blocks", 4096), check_invariants=True, **kw)
         got = [o.outputs[0].token_ids for o in llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)]
@@ -198,7 +198,14 @@ def main() -> int:
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    parity = check_parity(device) if args.check and device == "cuda" else None
+    parity = None
+    if args.check and device == "cuda":
+        try:
+            parity = check_parity(device)
+        except Exception as error:  # recorded; the timing still runs
+            traceback.print_exc()
+            parity = {"error": f"{type(error).__name__}: {error}"}
+            torch.cuda.empty_cache()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     num_requests = args.num_requests or (32 if args.quick else 256)
     max_tokens = args.max_tokens or (64 if args.quick else 512)
