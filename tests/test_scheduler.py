@@ -165,3 +165,32 @@ def test_stop_tokens_and_eos():
     assert {s.seq_id for s in done} == {0, 2}
     assert a.finish_reason == "stop" and c.finish_reason == "stop" and b.status is SequenceStatus.RUNNING
     assert manager.num_sequences == 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), num_blocks=st.integers(16, 40), block_size=st.sampled_from([1, 2, 4]),
+       mode=st.sampled_from(["recompute", "swap"]), policy=st.sampled_from(["decode_first", "prefill_first"]),
+       chunked=st.booleans())
+def test_prefix_caching_manager_with_shared_prompts(seed, num_blocks, block_size, mode, policy, chunked):
+    from minipaged.prefix_cache import PrefixCachingBlockManager
+
+    manager = PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks=num_blocks)
+    capacity = num_blocks * block_size
+    scheduler = Scheduler(manager, SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=16, max_model_len=capacity, policy=policy,
+        preemption_mode=mode, enable_chunked_prefill=chunked))
+    rng = random.Random(seed)
+    system = [rng.randrange(50) for _ in range(rng.randint(1, min(20, capacity // 2)))]
+    seqs = []
+    for i in range(8):
+        prompt = system + [rng.randrange(50) for _ in range(rng.randint(0, 6))]
+        seq = Sequence(i, i, prompt[:capacity - 1], SamplingParams(max_tokens=rng.randint(1, 12)))
+        scheduler.add(seq)
+        seqs.append(seq)
+    while scheduler.has_unfinished():
+        out, _ = step(scheduler, token=rng.randrange(50))
+        assert out.chunks, "stalled"
+        assert all(manager.token_ids(s.seq_id) == s.token_ids(0, s.num_tokens) for s in scheduler.running)
+    assert manager.num_free_blocks == num_blocks and manager.num_free_cpu_blocks == num_blocks
+    assert all(s.status.finished for s in seqs)
+    assert manager.num_sequences == 0
