@@ -301,12 +301,14 @@ class Scheduler:
 
     # -- preemption -------------------------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Take a running sequence's blocks back: park them in the CPU pool, or drop them."""
+        """Take a running sequence's blocks back: park them in the CPU pool, or drop them (also in
+        swap mode when the CPU pool cannot hold them)."""
         self.running.remove(seq)
         seq.num_preemptions += 1
         self.total_preemptions += 1
         out.preempted.append(seq)
-        if self.config.preemption_mode == "swap":
+        if (self.config.preemption_mode == "swap"
+                and len(self.manager.block_table(seq.seq_id)) <= self.manager.num_free_cpu_blocks):
             out.swap_out.extend(self.manager.swap_out(seq.seq_id))
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)
