@@ -72,7 +72,12 @@ def run_minipaged(model, prompts, max_tokens, args):
     from minipaged import LLM, SamplingParams
 
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    if args.output_lens == "uniform":  # nano-vllm's workload: output lengths uniform in 100-1024
+        rng = random.Random(1)
+        params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(100, 1024), ignore_eos=True)
+                  for _ in prompts]
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
     sync()
@@ -193,6 +198,9 @@ def main() -> int:
                         help="requests for generate_batch (default: all; it returns only at the end)")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--output-lens", choices=["fixed", "uniform"], default="fixed",
+                        help="uniform: nano-vllm's workload, output lengths uniform in 100-1024 "
+                             "(minipaged path only)")
     parser.add_argument("--check", action="store_true",
                         help="first check greedy parity with transformers (fp32, 4 layers)")
     args = parser.parse_args()
@@ -234,7 +242,11 @@ def main() -> int:
     def save():
         (out_dir / "engine.json").write_text(json.dumps(result, indent=1))
 
-    for path in args.paths.split(","):
+    paths = args.paths.split(",")
+    if args.output_lens == "uniform":
+        paths = [p for p in paths if p == "minipaged"]
+        result["workload"]["max_tokens"] = "uniform 100-1024"
+    for path in paths:
         deadline = time.monotonic() + args.max_seconds
         t0 = time.perf_counter()
         try:

@@ -128,3 +128,23 @@ def test_text_prompts_need_a_tokenizer(setup):
     hf, _, _ = setup
     with pytest.raises(TypeError, match="tokenizer"):
         LLM(hf).generate("hello", GREEDY, use_tqdm=False)
+
+
+def test_text_prompts_and_text_outputs_with_a_tokenizer(setup):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    hf, _, _ = setup
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w511"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w511", eos_token="w0")
+    llm = LLM(hf, block_size=4, tokenizer=tokenizer)
+    assert llm.eos_token_id == 0
+    texts = ["w1 w2 w3", "w40 w41"]
+    outputs = llm.generate(texts, GREEDY, use_tqdm=False)
+    reference, _ = reference_greedy(hf, [[1, 2, 3], [40, 41]], NEW)
+    for out, text, ref in zip(outputs, texts, reference):
+        assert out.prompt == text and out.prompt_token_ids == tokenizer(text)["input_ids"]
+        assert out.outputs[0].token_ids == ref
+        assert out.outputs[0].text == tokenizer.decode(ref)
