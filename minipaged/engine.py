@@ -22,6 +22,7 @@ __all__ = [
     "sample",
     "CompletionOutput",
     "RequestOutput",
+    "BeamSearchOutput",
     "RunStats",
     "DecodeGraphs",
     "EngineError",
@@ -139,6 +140,17 @@ class RunStats:
                 "forward_seconds": self.forward_seconds,
                 "schedule_seconds": self.schedule_seconds, "mean_ttft_s": mean(self.ttft),
                 "mean_tpot_s": mean(self.tpot)}
+
+
+@dataclass
+class BeamSearchOutput:
+    """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best first, with their
+    summed log-probabilities, and how many copy-on-write block copies separating the beams took."""
+
+    prompt_token_ids: list[int]
+    sequences: list[list[int]]
+    cumulative_logprobs: list[float]
+    num_cow_copies: int
 
 
 class DecodeGraphs:
@@ -522,6 +534,81 @@ class LLM:
         if bar is not None:
             bar.close()
         return [results[i] for i in ids]
+
+    def beam_search(self, prompts, beam_width: int, max_tokens: int) -> list[BeamSearchOutput]:
+        """Beam search, one prompt after another, on an idle engine (like vLLM's ``LLM.beam_search``).
+
+        Each step extends every beam by one token and keeps the ``beam_width`` best (beam, token)
+        pairs by summed log-probability. A beam chosen twice is **forked**: the copies share all
+        blocks, and copy-on-write (the reservation's ``copies``) separates them at the first block
+        they write differently. Beams that are not chosen are released. End-of-sequence is ignored.
+        """
+        if self.has_unfinished_requests():
+            raise EngineError("beam_search needs an idle engine: finish or abort the running requests")
+        if beam_width < 1 or max_tokens < 1:
+            raise ValueError(f"beam_width and max_tokens must be >= 1, got {beam_width}, {max_tokens}")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens) for p in prompts]
+
+    def _beam_search_one(self, prompt: list[int], width: int, max_tokens: int) -> BeamSearchOutput:
+        manager, device = self.manager, self.model.device
+        self.scheduler.check_prompt(len(prompt) + max_tokens - 1)
+        root = next(self._seq_ids)
+        start = manager.allocate_prompt(root, prompt)
+        beams = [(root, [], 0.0)]  # (sequence id, generated tokens, summed log-probability)
+        copies = 0
+        try:
+            for step in range(max_tokens):
+                new = {sid: (prompt[start:] if step == 0 else tokens[-1:]) for sid, tokens, _ in beams}
+                res = manager.reserve_step({sid: len(t) for sid, t in new.items()})
+                copies += len(res.copies)
+                try:
+                    if res.copies:
+                        self.cache.copy_blocks(res.copies)
+                    batch = ForwardBatch(
+                        input_ids=torch.tensor([t for sid in res.seq_ids for t in new[sid]]).to(device),
+                        positions=res.positions.to(device), slot_mapping=res.slot_mapping.to(device),
+                        query_lens=res.num_new_tokens,
+                        context_lens=tuple(int(n) - q for n, q in zip(res.seq_lens, res.num_new_tokens)),
+                        block_tables=manager.get_block_table_tensor(res.seq_ids).to(device),
+                        seq_lens=res.seq_lens.to(device))
+                    logprobs = self.model(batch, self.cache).float().log_softmax(-1)
+                except BaseException:
+                    manager.abort_step(res)
+                    raise
+                manager.commit_step(res)
+                scores = torch.tensor([b[2] for b in beams], device=device)[:, None] + logprobs
+                top = scores.flatten().topk(min(width, scores.numel()))
+                vocab = logprobs.shape[1]
+                chosen = [(int(i) // vocab, int(i) % vocab, float(v))
+                          for i, v in zip(top.indices.tolist(), top.values.tolist())]
+                beams = self._next_beams(beams, chosen)
+            ranked = sorted(beams, key=lambda b: -b[2])
+            return BeamSearchOutput(list(prompt), [b[1] for b in ranked], [b[2] for b in ranked], copies)
+        finally:
+            for sid, _, _ in beams:
+                if sid in manager:
+                    manager.release_sequence(sid)
+
+    def _next_beams(self, beams, chosen):
+        """Fork beams chosen more than once, release the ones not chosen, then record the tokens."""
+        manager, taken, result = self.manager, set(), []
+        for parent, token, score in chosen:
+            parent_id, tokens, _ = beams[parent]
+            if parent in taken:  # a second continuation of the same beam: share its blocks
+                child = next(self._seq_ids)
+                manager.fork(parent_id, child)
+                result.append((child, tokens + [token], score))
+            else:
+                taken.add(parent)
+                result.append((parent_id, tokens + [token], score))
+        for index, (sid, _, _) in enumerate(beams):
+            if index not in taken:
+                manager.release_sequence(sid)
+        for sid, tokens, _ in result:  # after the forks, so a child does not inherit a sibling's token
+            manager.append_token_ids(sid, tokens[-1:])
+        return result
 
     def _output(self, request: _Request) -> RequestOutput:
         outputs = []

@@ -148,3 +148,19 @@ def test_text_prompts_and_text_outputs_with_a_tokenizer(setup):
         assert out.prompt == text and out.prompt_token_ids == tokenizer(text)["input_ids"]
         assert out.outputs[0].token_ids == ref
         assert out.outputs[0].text == tokenizer.decode(ref)
+
+
+def test_beam_search_equals_transformers(setup):
+    hf, prompts, _ = setup
+    llm = LLM(hf, block_size=2)
+    for prompt in prompts[:3]:
+        ids = torch.tensor([prompt])
+        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), num_beams=3, do_sample=False,
+                             num_return_sequences=3, max_new_tokens=NEW, min_new_tokens=NEW,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        ours = llm.beam_search(prompt, beam_width=3, max_tokens=NEW)[0]
+        assert ours.sequences == theirs.sequences[:, len(prompt):].tolist()
+        assert torch.allclose(torch.tensor(ours.cumulative_logprobs) / NEW, theirs.sequences_scores, atol=1e-4)
+        assert ours.num_cow_copies > 0
+        assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+        assert llm.manager.invariants_ok()
