@@ -284,6 +284,8 @@ class LLM:
         if device.type != "cuda":
             return self.CPU_DEFAULT_BLOCKS
         free, total = torch.cuda.mem_get_info(device)
+        # memory PyTorch holds in its cache but no tensor uses (a previous engine's cache) is free too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         activations = max_tokens * (c.vocab_size * 4 + 16 * c.intermediate_size * 2)  # logits + MLP
         budget = int(utilization * total) - (total - free) - activations
         if budget < per_block:
