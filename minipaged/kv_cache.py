@@ -42,7 +42,7 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float16,
                  device: torch.device | str | None = None, layout: str = "NHD",
-                 pin_memory: bool = False):
+                 pin_memory: bool = False) -> None:
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
                             ("block_size", block_size), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim)):
@@ -178,10 +178,6 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _check_kv(cache: PagedKVCache, name: str, tensor: torch.Tensor, num_tokens: int) -> torch.Tensor:
     expected = (num_tokens, cache.num_kv_heads, cache.head_dim)
     if tuple(tensor.shape) != expected:
@@ -220,7 +216,8 @@ def _write(self: PagedKVCache, layer: int, key: torch.Tensor, value: torch.Tenso
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         stride_block, stride_token, stride_head,
         BLOCK_SIZE=self.block_size, NUM_HEADS=self.num_kv_heads, HEAD_DIM=self.head_dim,
-        HEADS_PAD=_next_pow2(self.num_kv_heads), DIM_PAD=_next_pow2(self.head_dim))
+        HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
+        DIM_PAD=triton.next_power_of_2(self.head_dim))
 
 
 def _gather(self: PagedKVCache, layer: int, block_table: Sequence[int] | torch.Tensor,
@@ -288,7 +285,7 @@ def _copy_blocks(self: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Te
     if not pairs:
         return
     block_numel = self.block_size * self.num_kv_heads * self.head_dim
-    chunk = min(4096, _next_pow2(block_numel))
+    chunk = min(4096, triton.next_power_of_2(block_numel))
     table = torch.tensor(pairs, dtype=torch.int64, device=self.storage.device)
     grid = (len(pairs), 2 * self.num_layers, triton.cdiv(block_numel, chunk))
     _copy_blocks_kernel[grid](self.storage, table, self.num_blocks * block_numel, block_numel,
@@ -302,7 +299,8 @@ def _check_same_geometry(a: PagedKVCache, b: PagedKVCache) -> None:
         raise KVCacheError(f"the two pools differ in {different}: a swap needs identical block shapes")
 
 
-def _copy_between(src_cache: PagedKVCache, dst_cache: PagedKVCache, pairs) -> None:
+def _copy_between(src_cache: PagedKVCache, dst_cache: PagedKVCache,
+                  pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
     """Blocks ``(src, dst)`` of ``src_cache`` into ``dst_cache``: gather, one transfer, scatter."""
     _check_same_geometry(src_cache, dst_cache)
     pairs = _pairs(src_cache, pairs, num_dst_blocks=dst_cache.num_blocks)
