@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +69,7 @@ class SharingBlockManager(KVBlockManager):
 
     # -- reference counts behind chapter 4's hooks --
     def refcount(self, block: int) -> int:
+        """How many block tables list GPU block ``block`` (0: free)."""
         return self._refcount[block]
 
     def _take_blocks(self, n: int, seq_id: Hashable) -> list[int]:
@@ -162,12 +163,15 @@ class SharingBlockManager(KVBlockManager):
 
     @property
     def num_free_cpu_blocks(self) -> int:
+        """Blocks of the CPU pool not holding a swapped-out sequence."""
         return len(self._cpu_free)
 
     def swapped_ids(self) -> list[Hashable]:
+        """The sequences now parked in the CPU pool, in the order they were swapped out."""
         return list(self._swapped)
 
     def is_swapped(self, seq_id: Hashable) -> bool:
+        """Whether ``seq_id`` is parked in the CPU pool (and so not usable until ``swap_in``)."""
         return seq_id in self._swapped
 
     def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
@@ -275,7 +279,13 @@ class SharingBlockManager(KVBlockManager):
         return f"CPU block {min(extra)} is outside the CPU pool" if extra else None
 
 
-def _replay(make_manager, requests, block_size: int, step_fn) -> float:
+def _replay(make_manager: Callable[[], SharingBlockManager], requests: Sequence,
+            step_fn: Callable[[SharingBlockManager, object], Iterable[list[int]]]) -> float:
+    """Blocks saved over blocks held without sharing, summed over every step ``step_fn`` yields.
+
+    Each request starts as sequence 0 holding its prompt in a fresh manager; ``step_fn`` forks,
+    grows and releases sequences and yields the live ones after each decode step.
+    """
     saved = total = 0
     for req in requests:
         manager = make_manager()
@@ -304,7 +314,7 @@ def parallel_sampling_savings(requests: Sequence, n: int, block_size: int = 16) 
     longest = max((r.prompt_len + r.output_len for r in requests), default=1)
     pool = n * (-(-longest // block_size) + 1)
     return _replay(lambda: SharingBlockManager(pool, block_size, event_log_size=0),
-                   requests, block_size, steps)
+                   requests, steps)
 
 
 def beam_search_savings(requests: Sequence, width: int, block_size: int = 16, alpha: float = 1.0,
@@ -343,4 +353,4 @@ def beam_search_savings(requests: Sequence, width: int, block_size: int = 16, al
     longest = max((r.prompt_len + r.output_len for r in requests), default=1)
     pool = width * (-(-longest // block_size) + 2)
     return _replay(lambda: SharingBlockManager(pool, block_size, event_log_size=0),
-                   requests, block_size, steps)
+                   requests, steps)
