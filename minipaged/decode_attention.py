@@ -138,6 +138,7 @@ _SM_COUNT: dict[int, int] = {}
 
 
 def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached); a small stand-in for the interpreter."""
     if device.type != "cuda":
         return 4                    # the interpreter: small, so that CPU runs exercise the split path
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -153,8 +154,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: to
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _launch_config(block_size: int, head_dim: int, device: torch.device,
-                   split: bool) -> tuple[int, int, int]:
+def _launch_config(head_dim: int, device: torch.device, split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernel; GPU values tuned on an H200."""
     if device.type != "cuda":
         return 16, 4, 1             # interpreter: the smallest tile tl.dot accepts on GPUs too
@@ -163,7 +163,9 @@ def _launch_config(block_size: int, head_dim: int, device: torch.device,
     return (128 if split else 64), 4, 3
 
 
-def _check_inputs(query, cache, layer, block_tables, seq_lens):
+def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor) -> None:
+    """Raise ``PagedAttentionError`` (or ``KVCacheError`` for the layer) on arguments that do not fit."""
     if query.dim() != 3:
         raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], got {list(query.shape)}")
     batch, num_heads, head_dim = query.shape
@@ -213,7 +215,7 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_
     max_tokens = block_tables.shape[1] * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
-    tile, num_warps, num_stages = _launch_config(cache.block_size, head_dim, device, num_splits > 1)
+    tile, num_warps, num_stages = _launch_config(head_dim, device, num_splits > 1)
     granule = max(tile, cache.block_size)
     tokens_per_split = -(-max(max_tokens, 1) // num_splits)
     tokens_per_split = -(-tokens_per_split // granule) * granule
