@@ -70,6 +70,7 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """Share of looked-up prompt tokens found in the cache (0 before any lookup)."""
         return self.hits / self.queries if self.queries else 0.0
 
 
@@ -106,10 +107,12 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
     # -- the cache proper --
     def is_cached(self, block: int) -> bool:
+        """Whether ``block`` holds a registered full block (in use or free, not yet evicted)."""
         return self._block_hash[block] is not None
 
     @property
     def num_cached_blocks(self) -> int:
+        """Blocks registered in the cache, whether some sequence uses them or they sit free."""
         return sum(len(blocks) for blocks in self._cache.values())
 
     def _identity(self, block: int) -> tuple[int, int]:
