@@ -128,9 +128,10 @@ def reference_configs() -> dict:
 
 
 def format_bytes(n: float) -> str:
-    """Binary units: 131072 -> '128 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.4g} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    """Binary units, four significant digits: 131072 -> '128 KiB'."""
+    unit = "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
+            break
+        n, unit = n / 1024, bigger
+    return f"{n:.4g} {unit}"

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from minipaged.sizing import (DTYPE_BYTES, block_table_entries, blocks_in_budget,
-                              kv_bytes_per_token, kv_bytes_per_token_from_config, kv_shape_from_config,
-                              reference_configs)
+from minipaged.sizing import (DTYPE_BYTES, block_bytes, block_table_entries, blocks_in_budget,
+                              format_bytes, kv_bytes_per_token, kv_bytes_per_token_from_config,
+                              kv_shape_from_config, reference_configs)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
@@ -46,3 +46,16 @@ def test_blocks_and_table_entries():
         blocks_in_budget(-1, 3)
     assert block_table_entries(0, 16) == 0
     assert block_table_entries(16, 16) == 1 and block_table_entries(17, 16) == 2
+
+
+def test_block_bytes_is_tokens_times_per_token():
+    assert block_bytes(131_072, 16) == 2 * 1024 * 1024          # 32/8/128/bf16 at block size 16
+    with pytest.raises(ValueError, match="block_size"):
+        block_bytes(131_072, 0)
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (131_072, "128 KiB"),
+                                    (640 << 20, "640 MiB"), (5 << 30, "5 GiB"), (1536 << 30, "1.5 TiB"),
+                                    (4096 << 40, "4096 TiB")])
+def test_format_bytes_binary_units(n, text):
+    assert format_bytes(n) == text
