@@ -145,16 +145,17 @@ def test_read_trace_csv_column_names(tmp_path):
 
 
 WRITER = textwrap.dedent("""
+    import csv
     import sys
     import numpy as np
-    import pandas as pd
     rng = np.random.default_rng(2024)
     n = 400
-    pd.DataFrame({
-        "conversation": [f"c{i}" for i in range(n)],
-        "Num Input Tokens": rng.integers(1, 900, n),
-        "Num Output Tokens": rng.geometric(1 / 250, n).clip(max=1000),
-    }).to_csv(sys.argv[1], index=False)
+    inputs = rng.integers(1, 900, n)
+    outputs = rng.geometric(1 / 250, n).clip(max=1000)
+    with open(sys.argv[1], "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["conversation", "Num Input Tokens", "Num Output Tokens"])
+        writer.writerows((f"c{i}", int(a), int(b)) for i, (a, b) in enumerate(zip(inputs, outputs)))
 """)
 
 
