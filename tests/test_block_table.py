@@ -104,3 +104,14 @@ def test_memory_map():
         memory_map({"A": [1], "B": [1]}, 4)
     with pytest.raises(BlockTableError, match="outside"):
         memory_map({"A": [4]}, 4)
+
+
+def test_memory_map_owners_free_blocks_and_errors():
+    owner = memory_map({"A": [3, 0], "B": [], "C": [1]}, 5)
+    assert owner.tolist() == [0, 2, -1, 0, -1]                 # index of the owning sequence, -1 free
+    with pytest.raises(BlockTableError, match="both 'A' and 'C'"):
+        memory_map({"A": [1, 2], "B": [], "C": [2]}, 4)
+    with pytest.raises(BlockTableError, match="outside 0..3"):
+        memory_map({"A": [4]}, 4)
+    with pytest.raises(BlockTableError, match="outside"):
+        memory_map({"A": [-1]}, 4)
