@@ -164,3 +164,75 @@ def test_constructor_rejects_bad_geometry(kwargs, match):
     args = dict(num_layers=1, num_blocks=2, block_size=2, num_kv_heads=1, head_dim=4, device="cpu")
     with pytest.raises(KVCacheError, match=match):
         PagedKVCache(**(args | kwargs))
+
+
+def _run_step(manager, cache, batch, expected, value_of) -> int:
+    """Reserve a step, run its copy-on-write copies on the cache, write every new token, commit.
+    Returns the number of copies the step needed."""
+    reservation = manager.reserve_step(batch)
+    cache.copy_blocks(reservation.copies)
+    tokens = [(seq, manager.sequence_length(seq) + i) for seq, n in batch.items() for i in range(n)]
+    values = torch.tensor([value_of(seq, position) for seq, position in tokens])
+    kv = values.view(-1, 1, 1).expand(-1, cache.num_kv_heads, cache.head_dim).contiguous()
+    for layer in range(cache.num_layers):
+        cache.write(layer, kv, -kv, reservation.slot_mapping)
+    manager.commit_step(reservation)
+    for (seq, _), value in zip(tokens, values.tolist()):
+        expected[seq].append(value)
+    return len(reservation.copies)
+
+
+def _assert_histories(manager, cache, expected):
+    for seq, values in expected.items():
+        want = torch.tensor(values).view(-1, 1, 1).expand(-1, cache.num_kv_heads, cache.head_dim)
+        for layer in range(cache.num_layers):
+            key, value = cache.gather(layer, manager.block_table(seq), manager.sequence_length(seq))
+            assert torch.equal(key, want) and torch.equal(value, -want), (seq, layer)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sharing_managers_copy_lists_run_on_the_cache(layout):
+    """Chapter 5's copy-on-write and swap copy lists, executed by this cache: after forks, copies,
+    a swap out and in, and block reuse, every sequence reads back exactly its own history."""
+    from minipaged.sharing import SharingBlockManager
+
+    manager = SharingBlockManager(num_physical_blocks=12, block_size=4, num_cpu_blocks=6)
+    cache = PagedKVCache(2, 12, 4, 2, 8, torch.float32, "cpu", layout)
+    host = cache.cpu_pool(6)
+    expected = {0: []}
+    value_of = lambda seq, position: 1000.0 * seq + position  # noqa: E731
+    manager.create_sequence(0)
+    _run_step(manager, cache, {0: 6}, expected, value_of)
+    for child in (1, 2):
+        manager.fork(0, child)
+        expected[child] = list(expected[0])
+    copies = sum(_run_step(manager, cache, {0: 1, 1: 1, 2: 3}, expected, value_of) for _ in range(2))
+    assert copies == 2                                            # the partly filled prompt block
+    cache.swap_out(host, manager.swap_out(1))
+    _run_step(manager, cache, {0: 1, 2: 1}, expected, value_of)   # reuses the swapped-out blocks
+    manager.release_sequence(2)
+    del expected[2]
+    cache.swap_in(host, manager.swap_in(1))
+    _run_step(manager, cache, {0: 1, 1: 1}, expected, value_of)
+    assert manager.invariants_ok()
+    _assert_histories(manager, cache, expected)
+
+
+def test_prefix_cache_hits_point_at_blocks_holding_the_same_tokens():
+    """Chapter 6's cache hits, read through this cache: a request that reuses cached blocks reads
+    back exactly what it would have written itself (values depend on token and position only)."""
+    from minipaged.prefix_cache import PrefixCachingBlockManager
+
+    manager = PrefixCachingBlockManager(num_physical_blocks=10, block_size=4)
+    cache = PagedKVCache(1, 10, 4, 1, 8, torch.float32, "cpu")
+    prompts = {"a": list(range(10, 21)), "b": list(range(10, 21)) + [5, 6],
+               "c": list(range(10, 16)) + [99] + list(range(17, 21))}
+    value_of = lambda seq, position: 100.0 * prompts[seq][position] + position  # noqa: E731
+    expected, cached = {}, {}
+    for seq in ("a", "b", "c"):
+        cached[seq] = manager.allocate_prompt(seq, prompts[seq])
+        expected[seq] = [value_of(seq, p) for p in range(cached[seq])]
+        _run_step(manager, cache, {seq: len(prompts[seq]) - cached[seq]}, expected, value_of)
+    assert cached == {"a": 0, "b": 8, "c": 4}
+    assert manager.block_table("b")[:2] == manager.block_table("a")[:2]
+    _assert_histories(manager, cache, expected)
