@@ -183,3 +183,20 @@ def test_swapped_in_blocks_are_cached_again():
     m.append_token_ids("a", [6])
     m.commit_step(m.reserve_step(["a"]))
     assert m.cached_prefix_length([1, 2, 3, 4, 5]) == 4 and m.invariants_ok()
+
+
+def test_abort_restores_tables_but_keeps_evicted_blocks_evicted():
+    """An aborted step gives back every block it took, in queue order; a cached block it evicted
+    stays evicted, because the failed forward may already have written into it."""
+    m = PrefixCachingBlockManager(4, 2)
+    prefill(m, "a", [1, 2, 3, 4, 5])                           # 3 blocks; (1,2) and (3,4) cached
+    m.release_sequence("a")
+    free_order = list(m._free)
+    m.create_sequence("b")
+    reservation = m.reserve_step({"b": 7})                    # 4 blocks: both cached ones evicted
+    assert m.num_free_blocks == 0 and m.num_cached_blocks == 0
+    m.abort_step(reservation)
+    assert "b" in m and m.sequence_length("b") == 0 and m.block_table("b") == []
+    assert list(m._free) == free_order and m.num_free_blocks == 4
+    assert m.num_cached_blocks == 0 and m.cached_prefix_length([1, 2, 3, 4, 5]) == 0
+    assert m.invariants_ok()
