@@ -12,13 +12,12 @@ transformers `Qwen3ForCausalLM`, which is also the reference every check compare
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minipaged.decode_attention import paged_attention
 from minipaged.kv_cache import PagedKVCache
@@ -246,6 +245,10 @@ class ForwardBatch:
         )
 
 
+_PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA kernels prefill may use: not cuDNN, which plans its kernel anew for every new prompt length."""
+
+
 def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       batch: ForwardBatch, cache: PagedKVCache, layer: int, scale: float
                       ) -> torch.Tensor:
@@ -257,21 +260,21 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """
     out = torch.empty_like(query)
     start = 0
-    for i, (q_len, ctx) in enumerate(zip(batch.query_lens, batch.context_lens)):
-        q = query[start:start + q_len]
-        k, v = key[start:start + q_len], value[start:start + q_len]
-        if ctx:
-            k_prefix, v_prefix = cache.gather(layer, batch.block_tables[i], ctx)
-            k, v = torch.cat((k_prefix.to(k.dtype), k)), torch.cat((v_prefix.to(v.dtype), v))
-        mask = None
-        if ctx:  # query j sits at position ctx + j and may see keys 0 .. ctx + j
-            mask = (torch.arange(ctx + q_len, device=q.device)[None, :]
-                    <= ctx + torch.arange(q_len, device=q.device)[:, None])
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            attn_mask=mask, is_causal=not ctx, scale=scale, enable_gqa=True)
-        out[start:start + q_len] = o[0].transpose(0, 1)
-        start += q_len
+    with sdpa_kernel(_PREFILL_SDPA_BACKENDS):
+        for i, (q_len, ctx) in enumerate(zip(batch.query_lens, batch.context_lens)):
+            q = query[start:start + q_len]
+            k, v = key[start:start + q_len], value[start:start + q_len]
+            mask = None
+            if ctx:  # query j sits at position ctx + j and may see keys 0 .. ctx + j
+                k_prefix, v_prefix = cache.gather(layer, batch.block_tables[i], ctx)
+                k, v = torch.cat((k_prefix.to(k.dtype), k)), torch.cat((v_prefix.to(v.dtype), v))
+                mask = (torch.arange(ctx + q_len, device=q.device)[None, :]
+                        <= ctx + torch.arange(q_len, device=q.device)[:, None])
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                attn_mask=mask, is_causal=not ctx, scale=scale, enable_gqa=True)
+            out[start:start + q_len] = o[0].transpose(0, 1)
+            start += q_len
     return out
 
 

@@ -165,3 +165,27 @@ def test_unsupported_configs_are_refused():
 def test_hub_loader_fails_with_an_actionable_error_offline():
     with pytest.raises(HubUnavailableError, match="random_qwen3"):
         load_hub_qwen3("Qwen/Qwen3-0.6B-not-downloaded", local_files_only=True)
+
+
+def test_prefill_attention_keeps_sdpa_off_cudnn(monkeypatch):
+    """cuDNN's SDPA plans anew for every prompt length (slow prefill on a GPU): prefill must not use it."""
+    import torch.nn.functional as F
+
+    from minipaged.qwen3 import prefill_attention
+    from minipaged.kv_cache import PagedKVCache
+
+    enabled_before = torch.backends.cuda.cudnn_sdp_enabled()
+    seen, real = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    cache = PagedKVCache(1, 8, 2, 2, 16, torch.float32, "cpu")
+    batch = ForwardBatch.from_sequences([[1, 2, 3], [4, 5]], [0, 2], [[0, 1], [2, 3]], 2)
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    out = prefill_attention(q, k, k.clone(), batch, cache, 0, 0.25)
+    assert out.shape == (5, 4, 16) and torch.isfinite(out).all()
+    assert seen == [(False, True), (False, True)]          # one call per sequence, never cuDNN
+    assert torch.backends.cuda.cudnn_sdp_enabled() == enabled_before   # restored afterwards
