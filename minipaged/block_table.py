@@ -11,6 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from minipaged.sizing import block_table_entries
+
 __all__ = [
     "BlockTableError",
     "BlockAddress",
@@ -76,11 +78,11 @@ def slot_to_address(slot, block_size: int):
 
 
 def blocks_needed(length: int, block_size: int) -> int:
-    """Table entries a sequence of ``length`` tokens needs: ceil(length / block_size)."""
-    _check_block_size(block_size)
-    if length < 0:
-        raise ValueError(f"length must be >= 0, got {length}")
-    return -(-length // block_size)
+    """Table entries a sequence of ``length`` tokens needs: ceil(length / block_size).
+
+    The count chapter 1 called ``block_table_entries``, under the name the block manager uses.
+    """
+    return block_table_entries(length, block_size)
 
 
 def needs_new_block(length: int, block_size: int) -> bool:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -94,8 +93,10 @@ def blocks_in_budget(budget_bytes: int, bytes_per_block: int) -> int:
 
 
 def block_table_entries(num_tokens: int, block_size: int) -> int:
-    """Entries a sequence's block table needs: ceil(tokens / block_size)."""
-    return math.ceil(num_tokens / _positive_int("block_size", block_size))
+    """Entries a sequence's block table needs: ceil(tokens / block_size), in exact integers."""
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return -(-num_tokens // _positive_int("block_size", block_size))
 
 
 def parameter_count(config) -> int:

@@ -46,6 +46,9 @@ def test_blocks_and_table_entries():
         blocks_in_budget(-1, 3)
     assert block_table_entries(0, 16) == 0
     assert block_table_entries(16, 16) == 1 and block_table_entries(17, 16) == 2
+    assert block_table_entries(2**60 + 1, 2**4) == 2**56 + 1     # exact for any size (no float)
+    with pytest.raises(ValueError, match="num_tokens"):
+        block_table_entries(-1, 16)
 
 
 def test_block_bytes_is_tokens_times_per_token():
