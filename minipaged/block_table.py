@@ -43,7 +43,7 @@ def _check_block_size(block_size: int) -> int:
     return block_size
 
 
-def locate(position, block_size: int):
+def locate(position: int | torch.Tensor, block_size: int) -> tuple:
     """(logical block, offset) of a position: ``divmod(position, block_size)``; ints or tensors."""
     _check_block_size(block_size)
     return position // block_size, position % block_size
@@ -67,8 +67,12 @@ def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
     return block * block_size + offset
 
 
-def slot_to_address(slot, block_size: int):
-    """Back from a flat slot to (physical block, offset); ints or tensors (slot -1 is padding)."""
+def slot_to_address(slot: int | torch.Tensor, block_size: int) -> tuple:
+    """Back from a flat slot to (physical block, offset); ints or tensors.
+
+    An int slot must be >= 0 (-1 marks padding). Tensors are converted element-wise without checks,
+    so mask padded slots before using the result.
+    """
     block, offset = locate(slot, block_size)
     if isinstance(slot, int):
         if slot < 0:

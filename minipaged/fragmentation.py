@@ -277,6 +277,7 @@ class FirstFitAllocator:
         return list(zip(self._starts, self._sizes))
 
     def largest_hole(self) -> int:
+        """Size of the largest free hole: the largest region that can be allocated now."""
         return max(self._sizes, default=0)
 
 

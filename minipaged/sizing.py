@@ -53,6 +53,7 @@ class KVShape:
 
     @property
     def bytes_per_token(self) -> int:
+        """K and V bytes of one token across all layers."""
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes)
 
     @property
