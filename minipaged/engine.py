@@ -156,8 +156,8 @@ class BeamSearchOutput:
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed every step.
 
-    A decode step of a small model is a few hundred short kernels; launching them one by one from
-    Python takes longer than running them. Capture records the launches once into a graph per
+    A decode step of a small model is well over a thousand short kernels; launching them one by
+    one from Python takes longer than running them. Capture records the launches once into a graph per
     bucket (1, 2, 4, ... up to ``max_batch``) over static input buffers; a step copies its inputs
     into the buffers, pads the batch to the next bucket (padding rows write to slot -1, i.e.
     nowhere, and have length 0) and replays. Block tables are ``max_blocks`` wide, so the same graph
@@ -294,6 +294,7 @@ class LLM:
         return budget // per_block
 
     def model_parameters(self):
+        """The paged model's parameters (shared with the transformers model it was built from)."""
         return self.model.parameters()
 
     # -- requests ---------------------------------------------------------------------------
@@ -324,6 +325,7 @@ class LLM:
         return self._output(request)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -450,14 +452,7 @@ class LLM:
             block_tables=tables.to(device, non_blocking=True),
             seq_lens=seq_lens.to(device, non_blocking=True),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device, non_blocking=True))
-        if decode or device.type != "cuda":
-            return self.model(batch, self.cache)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        # Prefill: FlashAttention (or memory-efficient) kernels; cuDNN's plans its kernel anew for
-        # every new prompt length, which costs tens of ms each time.
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return self.model(batch, self.cache)
+        return self.model(batch, self.cache)
 
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
