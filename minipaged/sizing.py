@@ -62,6 +62,19 @@ class KVShape:
         return self.num_attention_heads // self.num_kv_heads
 
 
+def _bytes_of_dtype(dtype: torch.dtype | str | None) -> int:
+    """Bytes per element of a config's dtype; 2 (fp16/bf16) when the config names none."""
+    if dtype is None:
+        return 2
+    if isinstance(dtype, str):
+        dtype = DTYPE_BYTES.get(dtype) or getattr(torch, dtype, None)
+        if isinstance(dtype, int):
+            return dtype
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    raise ValueError(f"cannot tell how many bytes the dtype {dtype!r} takes: pass dtype_bytes=")
+
+
 def kv_shape_from_config(config, dtype_bytes: int | None = None) -> KVShape:
     """Read the KV shape from a transformers config (Llama, Qwen3, Mistral, ... style fields).
 
@@ -72,7 +85,7 @@ def kv_shape_from_config(config, dtype_bytes: int | None = None) -> KVShape:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if dtype_bytes is None:
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+        dtype_bytes = _bytes_of_dtype(dtype)
     return KVShape(config.num_hidden_layers, kv_heads, head_dim, heads, dtype_bytes)
 
 

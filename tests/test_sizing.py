@@ -62,3 +62,25 @@ def test_block_bytes_is_tokens_times_per_token():
                                     (4096 << 40, "4096 TiB")])
 def test_format_bytes_binary_units(n, text):
     assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize("dtype,expected", [(None, 2), ("float32", 4), ("bfloat16", 2), ("fp8", 1),
+                                            (torch.int8, 1), (torch.float64, 8), ("float64", 8)])
+def test_config_dtype_sets_the_element_size(dtype, expected):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                      num_hidden_layers=3)
+    cfg.dtype = dtype
+    assert kv_shape_from_config(cfg).dtype_bytes == expected
+
+
+def test_unknown_config_dtype_is_an_error_not_a_guess():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                      num_hidden_layers=3)
+    cfg.dtype = "float7"
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        kv_shape_from_config(cfg)
+    assert kv_shape_from_config(cfg, dtype_bytes=1).dtype_bytes == 1
