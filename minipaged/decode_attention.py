@@ -188,9 +188,27 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int, block_ta
     cache.key_cache(layer)  # raises for a layer out of range
 
 
+def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Raise ``PagedAttentionError`` if a length does not fit its table row or a block it reads is
+    outside the cache. Reads the values: free on the CPU, a synchronisation on a GPU."""
+    width = block_tables.shape[1]
+    if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > width * cache.block_size):
+        raise PagedAttentionError(f"seq_lens must lie in [0, {width * cache.block_size}] (block_tables "
+                                  f"width {width} x block size {cache.block_size}), got "
+                                  f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
+    read = (torch.arange(width, device=block_tables.device)[None, :]
+            < (seq_lens[:, None].long() + cache.block_size - 1) // cache.block_size)
+    bad = read & ((block_tables < 0) | (block_tables >= cache.num_blocks))
+    if bad.any():
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise PagedAttentionError(f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is read but the "
+                                  f"cache has blocks 0..{cache.num_blocks - 1}")
+
+
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float | None = None,
-                    num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, out: torch.Tensor | None = None,
+                    check_tables: bool | None = None) -> torch.Tensor:
     """Decode attention of ``query[B, Hq, D]`` over each sequence's paged K/V: ``[B, Hq, D]``.
 
     Sequence ``b`` attends to its first ``seq_lens[b]`` tokens, found through
@@ -198,8 +216,12 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_
     ``scale`` defaults to ``1/sqrt(D)``; ``num_splits`` (split-KV factor) is chosen when ``None``.
     A sequence of length 0 gets zeros. Entries of ``block_tables`` past a sequence's length are
     never read. ``out``, if given, is a tensor like ``query`` that receives the result.
+    With ``check_tables`` (default: when ``seq_lens`` is on the CPU) a length beyond its table row
+    or a block id outside the cache raises ``PagedAttentionError`` instead of reading wrong memory.
     """
     _check_inputs(query, cache, layer, block_tables, seq_lens)
+    if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
+        _check_tables(cache, block_tables, seq_lens)
     batch, num_heads, head_dim = query.shape
     if out is None:
         out = torch.empty_like(query)

@@ -119,6 +119,26 @@ def test_rejects_bad_arguments(mutate, error, match):
                                                                         device=DEVICE))
 
 
+def test_lengths_beyond_the_table_and_blocks_outside_the_cache_are_refused():
+    query, cache, tables, lens = make_case([3, 4], 2, 2, 2, 64, torch.float32)
+    too_long = lens.clone()
+    too_long[1] = tables.shape[1] * 2 + 1
+    with pytest.raises(PagedAttentionError, match="seq_lens must lie"):
+        paged_attention(query, cache, 0, tables, too_long.to(DEVICE), check_tables=True)
+    negative = lens.clone()
+    negative[0] = -1
+    with pytest.raises(PagedAttentionError, match="seq_lens must lie"):
+        paged_attention(query, cache, 0, tables, negative.to(DEVICE), check_tables=True)
+    for bad_id in (-1, cache.num_blocks):
+        bad = tables.clone()
+        bad[1, 1] = bad_id                            # block 1 of a 4-token sequence at block size 2
+        with pytest.raises(PagedAttentionError, match=r"block_tables\[1, 1\]"):
+            paged_attention(query, cache, 0, bad, lens, check_tables=True)
+    unread = tables.clone()
+    unread[0, 2:] = -1                                # past a 3-token sequence's 2 blocks: never read
+    check(query, cache, unread, lens, 2)
+
+
 def test_split_rule():
     cpu = torch.device("cpu")                     # the interpreter counts 4 "SMs"
     assert choose_num_splits(64, 8, 4096, cpu) == 1
