@@ -53,7 +53,7 @@ def test_batched_slots_match_scalar_and_round_trip(data):
     assert (block * block_size + offset == slots).all() and (offset == positions % block_size).all()
 
 
-def test_seed_worked_examples():
+def test_worked_examples_of_the_chapter():
     assert [physical_address([7, 1], t, 4) for t in (0, 3, 4, 6)] == [(7, 0), (7, 3), (1, 0), (1, 2)]
     assert physical_address([7, 1], 7, 4) == (1, 3) and needs_new_block(8, 4)
     with pytest.raises(BlockTableError, match="allocate a block first"):
