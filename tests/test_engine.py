@@ -164,3 +164,18 @@ def test_beam_search_equals_transformers(setup):
         assert ours.num_cow_copies > 0
         assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
         assert llm.manager.invariants_ok()
+
+
+def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
+    stats = llm.last_run_stats()
+    # one prefill step for every prompt, then NEW - 1 decode steps; decode step k reads L + k tokens
+    assert stats["steps"] == NEW and stats["prefill_tokens"] == sum(map(len, prompts))
+    assert stats["output_tokens"] == NEW * len(prompts) and stats["preemptions"] == 0
+    assert stats["kv_tokens_read"] == sum(len(p) + k for p in prompts for k in range(1, NEW))
+    assert stats["prefix_hit_rate"] == 0 and stats["graph_steps"] == 0      # no GPU, no graphs
+    assert len(llm.stats.ttft) == len(llm.stats.tpot) == len(prompts)
+    assert all(t > 0 for t in llm.stats.ttft + llm.stats.tpot)
+    assert stats["forward_seconds"] > 0 and stats["schedule_seconds"] > 0
