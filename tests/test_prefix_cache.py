@@ -200,3 +200,33 @@ def test_abort_restores_tables_but_keeps_evicted_blocks_evicted():
     assert list(m._free) == free_order and m.num_free_blocks == 4
     assert m.num_cached_blocks == 0 and m.cached_prefix_length([1, 2, 3, 4, 5]) == 0
     assert m.invariants_ok()
+
+
+# The engine-facing API of chapter 6's table ("these calls and no others").
+ENGINE_API = {"num_blocks_for_prompt", "cached_prefix_length", "allocate_prompt", "blocks_needed",
+              "can_reserve", "reserve_step", "get_block_table_tensor", "get_seq_lens_tensor",
+              "commit_step", "abort_step", "append_token_ids", "fork", "release_sequence",
+              "release_swapped", "swap_out", "swap_in", "block_size", "num_physical_blocks",
+              "num_free_blocks", "num_free_cpu_blocks", "seq_ids", "sequence_length", "block_table",
+              "stats", "invariants_ok", "first_inconsistency", "create_sequence"}
+
+
+def test_scheduler_and_engine_use_only_the_documented_manager_api():
+    import ast
+    from pathlib import Path
+
+    import minipaged
+
+    used = set()
+    for name in ("scheduler.py", "engine.py"):
+        tree = ast.parse((Path(minipaged.__file__).parent / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                owner = node.value
+                owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if owner_name in ("manager", "block_manager"):
+                    used.add(node.attr)
+    assert used, "no use of the block manager found: did its attribute name change?"
+    assert used <= ENGINE_API, f"calls missing from chapter 6's engine-facing API table: {used - ENGINE_API}"
+    m = PrefixCachingBlockManager(4, 2, 2)
+    assert all(hasattr(m, name) for name in ENGINE_API)
