@@ -333,6 +333,65 @@ class SimulationResult:
         }
 
 
+class _ContiguousMemory:
+    """One first-fit region per request, reserved on admission for all its future tokens."""
+
+    def __init__(self, policy: str, budget_tokens: int, max_len: int) -> None:
+        self.policy, self.max_len, self.capacity = policy, max_len, budget_tokens
+        self.heap = FirstFitAllocator(budget_tokens)
+        self.starts: dict[int, int] = {}
+
+    def need(self, final_len: int) -> int:
+        """Slots a request that ends with ``final_len`` tokens must be able to own."""
+        return reservation_tokens(self.policy, final_len, self.max_len)
+
+    def admit(self, rid: int, length: int, final_len: int, others_running: bool) -> int | None:
+        """Slots given to request ``rid`` now, or None if no hole is large enough."""
+        size = self.need(final_len)
+        start = self.heap.allocate(size)
+        if start is None:
+            return None
+        self.starts[rid] = start
+        return size
+
+    def release(self, rid: int, owned: int) -> None:
+        """Give back request ``rid``'s region."""
+        self.heap.free(self.starts.pop(rid))
+
+
+class _PagedMemory:
+    """Blocks of ``block_size`` slots, counted free or owned; any free block serves any request."""
+
+    def __init__(self, budget_tokens: int, block_size: int, watermark: float) -> None:
+        self.block_size = block_size
+        self.free_blocks = budget_tokens // block_size
+        self.capacity = self.free_blocks * block_size
+        self.watermark_blocks = int(watermark * self.free_blocks)
+
+    def need(self, final_len: int) -> int:
+        """Slots a request that ends with ``final_len`` tokens owns at its end."""
+        return -(-final_len // self.block_size) * self.block_size
+
+    def admit(self, rid: int, length: int, final_len: int, others_running: bool) -> int | None:
+        """Blocks for the ``length`` tokens a request holds, if the watermark stays free for others."""
+        blocks = -(-length // self.block_size)
+        if blocks > self.free_blocks - (self.watermark_blocks if others_running else 0):
+            return None
+        self.free_blocks -= blocks
+        return blocks * self.block_size
+
+    def grow(self) -> bool:
+        """Take one more block for a request whose last block is full; False if none is free."""
+        if self.free_blocks == 0:
+            return False
+        self.free_blocks -= 1
+        return True
+
+    def release(self, rid: int, owned: int) -> None:
+        """Give back the blocks behind ``owned`` slots."""
+        self.free_blocks += owned // self.block_size
+
+
 def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens: int = 16384, *,
              block_size: int = 16, max_len: int = 2048, max_running: int | None = None,
              watermark: float = 0.01) -> SimulationResult:
@@ -360,22 +419,15 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
     prompt = np.array([min(r.prompt_len, max_len) for r in requests], dtype=np.int64)
     final = np.array([min(r.total_len, max_len) for r in requests], dtype=np.int64)
     truncated = sum(r.total_len > max_len for r in requests)
-    if paged:
-        need_most = -(-int(final.max(initial=0)) // block_size) * block_size
-        free_blocks = budget_tokens // block_size
-        usable_budget = free_blocks * block_size
-        reserve = int(watermark * free_blocks)
-    else:
-        need_most = max((reservation_tokens(policy, int(f), max_len) for f in final), default=0)
-        heap = FirstFitAllocator(budget_tokens)
-        usable_budget = budget_tokens
-    if need_most > usable_budget:
+    memory = (_PagedMemory(budget_tokens, block_size, watermark) if paged
+              else _ContiguousMemory(policy, budget_tokens, max_len))
+    need_most = max((memory.need(int(f)) for f in final), default=0)
+    if need_most > memory.capacity:
         raise ValueError(f"a request needs {need_most} tokens under {policy!r} but only "
-                         f"{usable_budget} fit in the budget: raise budget_tokens or lower max_len")
+                         f"{memory.capacity} fit in the budget: raise budget_tokens or lower max_len")
 
     length = prompt.copy()  # tokens stored (kept across a preemption: recomputed on readmission)
     owned = np.zeros(n, dtype=np.int64)  # slots owned: reservation, or blocks * block_size
-    start = np.zeros(n, dtype=np.int64)  # region start (contiguous policies)
     waiting: deque[int] = deque()
     running: list[int] = []  # in admission order
     records = {name: [] for name in ("steps",) + _SERIES}
@@ -391,38 +443,27 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
             ids = np.asarray(running)
             length[ids] += 1
             generated += len(ids)
-            if paged:
-                for rid in ids[length[ids] > owned[ids]].tolist():
-                    while free_blocks == 0 and rid in running:
-                        victim = running.pop()  # preempt the latest admitted request
-                        free_blocks += int(owned[victim]) // block_size
-                        owned[victim] = 0
-                        length[victim] -= 1  # its token of this step was not computed
-                        generated -= 1
-                        waiting.appendleft(victim)
-                        preemptions += 1
-                    if rid in running:
-                        free_blocks -= 1
-                        owned[rid] += block_size
+            for rid in ids[length[ids] > owned[ids]].tolist():  # only paged requests outgrow
+                while rid in running and not memory.grow():
+                    victim = running.pop()  # no free block: preempt the latest admitted request
+                    memory.release(victim, int(owned[victim]))
+                    owned[victim] = 0
+                    length[victim] -= 1  # its token of this step was not computed
+                    generated -= 1
+                    waiting.appendleft(victim)
+                    preemptions += 1
+                if rid in running:
+                    owned[rid] += block_size
         memory_blocked = False
         while waiting:  # admit first come, first served
-            rid = waiting[0]
             if max_running is not None and len(running) >= max_running:
                 break
-            if paged:
-                blocks = -(-int(length[rid]) // block_size)
-                if blocks > free_blocks - (reserve if running else 0):
-                    memory_blocked = True
-                    break
-                free_blocks -= blocks
-                owned[rid] = blocks * block_size
-            else:
-                size = reservation_tokens(policy, int(final[rid]), max_len)
-                where = heap.allocate(size)
-                if where is None:
-                    memory_blocked = True
-                    break
-                start[rid], owned[rid] = where, size
+            rid = waiting[0]
+            size = memory.admit(rid, int(length[rid]), int(final[rid]), bool(running))
+            if size is None:
+                memory_blocked = True
+                break
+            owned[rid] = size
             running.append(waiting.popleft())
         if waiting and not running:  # everything is free and the head still does not fit
             raise RuntimeError(f"step {step}: no request runs and request {waiting[0]} cannot be "
@@ -439,13 +480,10 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
                             ("running", len(running)), ("waiting", len(waiting))):
             records[name].append(value)
         done = ids[stored >= ends].tolist()
+        for rid in done:
+            memory.release(rid, int(owned[rid]))
+            owned[rid] = 0
         if done:
-            for rid in done:
-                if paged:
-                    free_blocks += int(owned[rid]) // block_size
-                else:
-                    heap.free(int(start[rid]))
-                owned[rid] = 0
             finished += len(done)
             done_set = set(done)
             running = [rid for rid in running if rid not in done_set]
