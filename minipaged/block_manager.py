@@ -28,6 +28,9 @@ __all__ = [
     "FreeBlockList",
     "StepReservation",
     "compute_slot_mapping",
+    "BlockTableArray",
+    "BlockTable",
+    "LiveSequences",
     "KVBlockManager",
 ]
 
@@ -166,6 +169,227 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]], first_blocks: Se
     return blocks * block_size + positions % block_size
 
 
+class BlockTableArray:
+    """Every live block table mirrored in one int32 array: row ``r`` holds one table, zero-padded.
+
+    ``lengths[r]`` is the number of entries of row ``r``. Rows are handed out by ``attach`` and given
+    back by ``detach``; the array grows (rows or width doubled) when a table does not fit.
+    """
+
+    def __init__(self, rows: int = 64, width: int = 32) -> None:
+        self.array = np.zeros((rows, width), dtype=np.int32)
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        self._free_rows: list[int] = list(range(rows - 1, -1, -1))  # pop() gives row 0 first
+
+    @property
+    def num_rows(self) -> int:
+        return self.array.shape[0]
+
+    def _resize(self, rows: int, width: int) -> None:
+        old_rows, old_width = self.array.shape
+        array = np.zeros((rows, width), dtype=np.int32)
+        array[:old_rows, :old_width] = self.array
+        lengths = np.zeros(rows, dtype=np.int64)
+        lengths[:old_rows] = self.lengths
+        self.array, self.lengths = array, lengths
+        self._free_rows[:0] = range(rows - 1, old_rows - 1, -1)
+
+    def attach(self, blocks: Iterable[int]) -> "BlockTable":
+        """A ``BlockTable`` holding ``blocks`` on a fresh row of the array."""
+        table = BlockTable(blocks)
+        if not self._free_rows:
+            self._resize(2 * self.num_rows, self.array.shape[1])
+        table._mirror, table._row = self, self._free_rows.pop()
+        self.sync(table._row, table, 0)
+        return table
+
+    def detach(self, table: "BlockTable") -> None:
+        """Give ``table``'s row back (zeroed); the table stays a plain list of its blocks."""
+        row = table._row
+        self.array[row, :self.lengths[row]] = 0
+        self.lengths[row] = 0
+        self._free_rows.append(row)
+        table._mirror = table._row = None
+
+    def sync(self, row: int, table: Sequence[int], start: int) -> None:
+        """Row ``row`` := ``table``, rewriting entries from ``start`` on (those before are unchanged)."""
+        old, new = int(self.lengths[row]), len(table)
+        if new > self.array.shape[1]:
+            self._resize(self.num_rows, max(2 * self.array.shape[1], new))
+        if new > start:
+            self.array[row, start:new] = table[start:]
+        if old > new:
+            self.array[row, new:old] = 0
+        self.lengths[row] = new
+
+    def gather(self, rows: np.ndarray, pad_value: int = 0) -> np.ndarray:
+        """The tables of ``rows`` as a new int32 [len(rows), longest] array padded with ``pad_value``."""
+        lengths = self.lengths[rows]
+        width = int(lengths.max()) if len(rows) else 0
+        out = self.array[rows, :width]  # advanced indexing: a copy, never a view of the mirror
+        if pad_value != 0:
+            out[np.arange(width) >= lengths[:, None]] = pad_value
+        return out
+
+
+class BlockTable(list):
+    """A sequence's block table: a list of block ids that writes every change through to its row of
+    a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
+
+    __slots__ = ("_mirror", "_row")
+
+    def __init__(self, blocks: Iterable[int] = ()) -> None:
+        super().__init__(blocks)
+        self._mirror: BlockTableArray | None = None
+        self._row: int | None = None
+
+    def _sync(self, start: int = 0) -> None:
+        if self._mirror is not None:
+            self._mirror.sync(self._row, self, start)
+
+    def append(self, block: int) -> None:
+        super().append(block)
+        self._sync(len(self) - 1)
+
+    def extend(self, blocks: Iterable[int]) -> None:
+        start = len(self)
+        super().extend(blocks)
+        self._sync(start)
+
+    def __iadd__(self, blocks: Iterable[int]) -> "BlockTable":
+        self.extend(blocks)
+        return self
+
+    def __setitem__(self, index, value) -> None:
+        super().__setitem__(index, value)
+        self._sync(index % len(self) if isinstance(index, int) else 0)
+
+    def __delitem__(self, index) -> None:
+        start = 0
+        if isinstance(index, slice) and (index.step or 1) > 0:
+            start = index.indices(len(self))[0]
+        elif isinstance(index, int):
+            start = index % len(self) if self else 0
+        super().__delitem__(index)
+        self._sync(min(start, len(self)))
+
+    def pop(self, index: int = -1) -> int:
+        block = super().pop(index)
+        self._sync(0)
+        return block
+
+    # the rarely used mutators rewrite the whole row
+    def insert(self, index: int, block: int) -> None:
+        super().insert(index, block)
+        self._sync(0)
+
+    def remove(self, block: int) -> None:
+        super().remove(block)
+        self._sync(0)
+
+    def clear(self) -> None:
+        super().clear()
+        self._sync(0)
+
+    def sort(self, *, key=None, reverse: bool = False) -> None:
+        super().sort(key=key, reverse=reverse)
+        self._sync(0)
+
+    def reverse(self) -> None:
+        super().reverse()
+        self._sync(0)
+
+    def __imul__(self, times: int) -> "BlockTable":
+        super().__imul__(times)
+        self._sync(0)
+        return self
+
+
+class LiveSequences(dict):
+    """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets its block
+    table attached to a row of ``mirror``, and every state that leaves gives its row back."""
+
+    def __init__(self, mirror: BlockTableArray) -> None:
+        super().__init__()
+        self.mirror = mirror
+
+    def attach(self, state: SequenceState) -> None:
+        """Make sure ``state.block_table`` is a ``BlockTable`` on its own row of the mirror."""
+        table = state.block_table
+        if not (type(table) is BlockTable and table._mirror is self.mirror):
+            state.block_table = self.mirror.attach(table)
+
+    def _detach(self, state: SequenceState) -> None:
+        table = state.block_table
+        if type(table) is BlockTable and table._mirror is self.mirror:
+            self.mirror.detach(table)
+
+    def __setitem__(self, seq_id: Hashable, state: SequenceState) -> None:
+        old = self.get(seq_id)
+        if old is not None and old is not state:
+            self._detach(old)
+        self.attach(state)
+        super().__setitem__(seq_id, state)
+
+    def __delitem__(self, seq_id: Hashable) -> None:
+        self._detach(self[seq_id])
+        super().__delitem__(seq_id)
+
+    def pop(self, seq_id: Hashable, *default):
+        if seq_id in self:
+            self._detach(self[seq_id])
+        return super().pop(seq_id, *default)
+
+    def popitem(self):
+        seq_id, state = super().popitem()
+        self._detach(state)
+        return seq_id, state
+
+    def clear(self) -> None:
+        for state in self.values():
+            self._detach(state)
+        super().clear()
+
+    def setdefault(self, seq_id: Hashable, state: SequenceState):
+        if seq_id not in self:
+            self[seq_id] = state
+        return self[seq_id]
+
+    def update(self, *args, **kwargs) -> None:
+        for seq_id, state in dict(*args, **kwargs).items():
+            self[seq_id] = state
+
+    def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
+        """The mirror rows of ``states`` (re-attaching any table that was replaced by a plain list)."""
+        try:
+            return np.array([st.block_table._row for st in states], dtype=np.intp)
+        except (AttributeError, TypeError):
+            for state in states:
+                self.attach(state)
+            return np.array([st.block_table._row for st in states], dtype=np.intp)
+
+    def mirror_inconsistency(self) -> str | None:
+        """None if the array mirrors every live table exactly (and nothing else), else what differs."""
+        mirror, used = self.mirror, set()
+        for seq_id, state in self.items():
+            table = state.block_table
+            if type(table) is not BlockTable or table._mirror is not mirror:
+                return f"sequence {seq_id!r}: its block table is not attached to the table array"
+            if table._row in used:
+                return f"sequence {seq_id!r}: row {table._row} of the table array is used twice"
+            used.add(table._row)
+            n, row = len(table), mirror.array[table._row]
+            if mirror.lengths[table._row] != n or row[:n].tolist() != list(table) or row[n:].any():
+                return (f"sequence {seq_id!r}: row {table._row} of the table array is "
+                        f"{row[:max(n, int(mirror.lengths[table._row]))].tolist()}, table is {list(table)}")
+        free = set(mirror._free_rows)
+        if len(free) != len(mirror._free_rows) or free & used or len(free) + len(used) != mirror.num_rows:
+            return "the table array's free rows and used rows do not partition its rows"
+        if mirror.array[sorted(free)].any():
+            return "a free row of the table array is not zeroed"
+        return None
+
+
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, handed to the engine until commit or abort.
@@ -208,7 +432,7 @@ class KVBlockManager:
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
         self._free = self._make_free_list(range(num_physical_blocks))
-        self._seqs: dict[Hashable, SequenceState] = {}
+        self._seqs: LiveSequences = LiveSequences(BlockTableArray())  # tables mirrored in an array
         self._released: OrderedDict[Hashable, None] = OrderedDict()
         self._pending: StepReservation | None = None
         self._next_step = 0
@@ -233,6 +457,11 @@ class KVBlockManager:
         """Free blocks that writing ``count`` more tokens into ``state`` takes."""
         needed = -(-(state.length + state.reserved + count) // self.block_size) - len(state.block_table)
         return needed if needed > 0 else 0
+
+    def _new_blocks_for_step(self, states: list[SequenceState], counts: list[int]) -> list[int]:
+        """``_new_blocks_for`` of every sequence of a step (a subclass may count them all at once)."""
+        new_blocks_for = self._new_blocks_for
+        return [new_blocks_for(st, n) for st, n in zip(states, counts)]
 
     # -- queries --
     @property
@@ -316,7 +545,7 @@ class KVBlockManager:
         counts = list(num_new_tokens.values())
         if counts and min(counts) < 0:
             raise ValueError(f"token counts must be >= 0, got {dict(num_new_tokens)}")
-        needed = [self._new_blocks_for(st, n) for st, n in zip(states, counts)]
+        needed = self._new_blocks_for_step(states, counts)
         self._ensure_free(sum(needed), f"a step of {len(states)} sequence(s)")
         undo: list[tuple] = []
         copies: list[tuple[int, int]] = []
@@ -326,7 +555,7 @@ class KVBlockManager:
                 state.reserved = n
                 if k:
                     new_blocks[state.seq_id] = self._grow(state, k, undo, copies)
-            reservation = self._describe_step(states, counts, new_blocks)
+            reservation = self._describe_step(states, counts, new_blocks, tuple(num_new_tokens))
         except BaseException:  # whatever failed half-way (a bug, an interrupt): roll back
             self._roll_back(undo, states)
             raise
@@ -356,22 +585,26 @@ class KVBlockManager:
             self._untake_block(block)
 
     def _describe_step(self, states: list[SequenceState], counts: list[int],
-                       new_blocks: dict[Hashable, list[int]]) -> StepReservation:
-        bs = self.block_size
-        starts = [st.length for st in states]
-        firsts = [t // bs for t in starts]
-        slices = [st.block_table[f:(t + n + bs - 1) // bs]
-                  for st, f, t, n in zip(states, firsts, starts, counts)]
-        slots = compute_slot_mapping(slices, firsts, starts, counts, bs)
+                       new_blocks: dict[Hashable, list[int]],
+                       seq_ids: tuple[Hashable, ...] | None = None) -> StepReservation:
+        # The slot mapping straight from the mirrored tables: one gather for the whole batch.
+        bs, mirror = self.block_size, self._seqs.mirror
+        rows = self._seqs.rows(states)
+        starts = np.fromiter([st.length for st in states], dtype=np.int64, count=len(states))
         counts_np = np.asarray(counts, dtype=np.int64)
-        starts_np = np.asarray(starts, dtype=np.int64)
-        row = np.repeat(np.arange(len(counts)), counts_np)
-        positions = starts_np[row] + np.arange(len(slots)) - (np.cumsum(counts_np) - counts_np)[row]
+        if (counts_np == 1).all():  # a decode step: one token per row
+            positions, token_rows = starts, rows
+        else:
+            row = np.repeat(np.arange(len(counts)), counts_np)
+            positions = starts[row] + np.arange(len(row)) - (np.cumsum(counts_np) - counts_np)[row]
+            token_rows = rows[row]
+        slots = mirror.array[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
         return StepReservation(
-            step_id=self._next_step, seq_ids=tuple(st.seq_id for st in states),
+            step_id=self._next_step,
+            seq_ids=seq_ids if seq_ids is not None else tuple(st.seq_id for st in states),
             num_new_tokens=tuple(counts), slot_mapping=torch.from_numpy(slots),
             positions=torch.from_numpy(positions),
-            seq_lens=torch.from_numpy((starts_np + counts_np).astype(np.int32)),
+            seq_lens=torch.from_numpy((starts + counts_np).astype(np.int32)),
             new_blocks=new_blocks, states=states)
 
     def _check_pending(self, reservation: StepReservation) -> None:
@@ -420,13 +653,16 @@ class KVBlockManager:
     # -- batch tensors for the kernels --
     def get_block_table_tensor(self, seq_ids: Sequence[Hashable], pad_value: int = 0,
                                device: torch.device | str | None = None) -> torch.Tensor:
-        """int32 [len(seq_ids), longest table], rows padded with ``pad_value`` (kernels stop at seq_lens)."""
-        tables = [self._state(s).block_table for s in seq_ids]
-        width = max((len(t) for t in tables), default=0)
-        out = np.full((len(tables), width), pad_value, dtype=np.int32)
-        for row, table in enumerate(tables):
-            out[row, :len(table)] = table
-        return torch.from_numpy(out).to(device) if device is not None else torch.from_numpy(out)
+        """int32 [len(seq_ids), longest table], rows padded with ``pad_value`` (kernels stop at seq_lens).
+
+        One gather from the mirrored table array, whatever the tables' lengths; the tensor is a copy.
+        """
+        try:
+            states = [self._seqs[s] for s in seq_ids]
+        except KeyError:
+            states = [self._state(s) for s in seq_ids]  # raises the precise error
+        out = torch.from_numpy(self._seqs.mirror.gather(self._seqs.rows(states), pad_value))
+        return out.to(device) if device is not None else out
 
     def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
                             device: torch.device | str | None = None) -> torch.Tensor:
@@ -465,9 +701,9 @@ class KVBlockManager:
         if len(seen) + len(owner) != self.num_physical_blocks:
             lost = sorted(set(range(self.num_physical_blocks)) - seen - set(owner))
             return f"block {lost[0]} is neither free nor in any table (lost: {len(lost)} block(s))"
-        return None
+        return self._seqs.mirror_inconsistency()
 
     def invariants_ok(self) -> bool:
         """free and allocated are disjoint, together are the whole pool, no block in two tables,
-        and every table has exactly the entries its length needs."""
-        return self.first_inconsistency() is None
+        every table has exactly the entries its length needs, and the table array mirrors them."""
+        return self.first_inconsistency() is None and self._seqs.mirror_inconsistency() is None

@@ -175,7 +175,8 @@ class ScheduledChunk:
 
     @property
     def samples(self) -> bool:
-        return self.start + self.num_tokens == self.seq.num_tokens
+        seq = self.seq  # (Sequence.num_tokens written out: the engine asks this of every chunk)
+        return self.start + self.num_tokens == len(seq.prompt_token_ids) + len(seq.output_token_ids)
 
 
 @dataclass
@@ -355,17 +356,23 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
         running, bs = self.running, self.block_size
-        if self._fast and running and budget[0] >= len(running) and all(
-                s.num_tokens - s.num_computed_tokens == 1 for s in running):
+        if self._fast and running and budget[0] >= len(running):
             # the common step: everyone decodes one token. Count new blocks without asking the
             # manager per sequence; if copy-on-write makes it more, reserve_step refuses the step
-            # and schedule() redoes it exactly (see schedule).
-            need = sum(1 for s in running if s.num_computed_tokens % bs == 0)
-            if need <= self._free_after(budget[1]):
-                out.chunks.extend([ScheduledChunk(s, s.num_computed_tokens, 1) for s in running])
-                budget[0] -= len(running)
-                budget[1] += need
-                return
+            # and schedule() redoes it exactly (see schedule). One pass, num_tokens written out.
+            need = 0
+            for s in running:
+                computed = s.num_computed_tokens
+                if len(s.prompt_token_ids) + len(s.output_token_ids) - computed != 1:
+                    break
+                if computed % bs == 0:
+                    need += 1
+            else:
+                if need <= self._free_after(budget[1]):
+                    out.chunks.extend([ScheduledChunk(s, s.num_computed_tokens, 1) for s in running])
+                    budget[0] -= len(running)
+                    budget[1] += need
+                    return
         i = 0
         while i < len(self.running) and budget[0] > 0:
             seq = self.running[i]
@@ -447,8 +454,8 @@ class Scheduler:
             seq = chunk.seq
             end = chunk.start + chunk.num_tokens
             seq.num_computed_tokens = end
-            if end == seq.num_tokens and seq.status is running:  # the chunk samples
-                events.append((seq, sampled[seq.seq_id]))
+            if end == len(seq.prompt_token_ids) + len(seq.output_token_ids) and seq.status is running:
+                events.append((seq, sampled[seq.seq_id]))  # the chunk samples
         for parent, child, token in forks:  # before the tokens are recorded: a child has its own
             self.manager.fork(parent.seq_id, child.seq_id)
             child.num_computed_tokens = parent.num_computed_tokens
@@ -458,18 +465,28 @@ class Scheduler:
             self.running.append(child)
             events.append((child, token))
         if self._caches_prefixes:
+            append_token_ids = self.manager.append_token_ids
             for seq, token in events:
-                self.manager.append_token_ids(seq.seq_id, (token,))
+                append_token_ids(seq.seq_id, (token,))
         done = []
+        # One cheap test per sequence that every stop condition implies; _stop_reason decides.
+        # (A sequence of n tokens stops for length when n >= max_model_len, or when its next token
+        # would need more blocks than the cache has: ceil((n + 1) / B) > blocks <=> n >= blocks * B.)
+        limit = min(self.config.max_model_len,
+                    (self.num_total_blocks - self.config.watermark_blocks) * self.block_size)
         for seq, token in events:
-            seq.output_token_ids.append(token)
+            outputs = seq.output_token_ids
+            outputs.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            reason = self._stop_reason(seq, token, eos_token_id)
-            if reason is not None:
-                self.running.remove(seq)
-                self._finish(seq, reason, now)
-                done.append(seq)
+            params = seq.params
+            if (token == eos_token_id or params.stop_token_ids or len(outputs) >= params.max_tokens
+                    or len(seq.prompt_token_ids) + len(outputs) >= limit):
+                reason = self._stop_reason(seq, token, eos_token_id)
+                if reason is not None:
+                    self.running.remove(seq)
+                    self._finish(seq, reason, now)
+                    done.append(seq)
         return done
 
     def abort_step(self, out: SchedulerOutput) -> None:
@@ -509,12 +526,17 @@ class Scheduler:
 
     # -- observability ----------------------------------------------------------------------
     def _stats(self, out: SchedulerOutput) -> StepStats:
-        prefill = sum(c.num_tokens for c in out.chunks if c.is_prefill)
+        # ScheduledChunk.is_prefill and SchedulerOutput.num_tokens, written out (one pass per step)
+        total = prefill = 0
+        for c in out.chunks:
+            total += c.num_tokens
+            if c.num_tokens > 1 or c.start < len(c.seq.prompt_token_ids):
+                prefill += c.num_tokens
         used = self.num_total_blocks - self.manager.num_free_blocks
         return StepStats(
             step=self.step_count, time=time.perf_counter(), num_waiting=len(self.waiting),
             num_running=len(self.running), num_swapped=len(self.swapped),
-            num_prefill_tokens=prefill, num_decode_tokens=out.num_tokens - prefill,
+            num_prefill_tokens=prefill, num_decode_tokens=total - prefill,
             num_preempted=len(out.preempted), kv_utilization=used / self.num_total_blocks)
 
     def check_invariants(self) -> None:

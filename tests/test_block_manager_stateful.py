@@ -162,6 +162,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
             got = [self.cache.get(table[t // bs] * bs + t % bs) for t in range(len(values))]
             assert got == values, f"sequence {seq} reads back another's KV"
 
+    @invariant()
+    def table_tensor_matches_tables(self):
+        """The gathered block-table tensor (from the persistent array) equals the tables, padded."""
+        seqs = self.m.seq_ids()
+        tables = [self.m.block_table(s) for s in seqs]
+        width = max((len(t) for t in tables), default=0)
+        got = self.m.get_block_table_tensor(seqs, pad_value=-1).tolist()
+        assert got == [t + [-1] * (width - len(t)) for t in tables]
+
 
 TestBlockManager = BlockManagerMachine.TestCase
 TestBlockManager.settings = SETTINGS
