@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from minipaged.block_table import pad_block_tables, slots_for_positions
 from minipaged.decode_attention import paged_attention
 from minipaged.kv_cache import PagedKVCache
 
@@ -219,11 +220,12 @@ class ForwardBatch:
                        device: torch.device | str | None = None) -> ForwardBatch:
         """Build a batch from per-sequence new tokens, cached counts and (already grown) block tables.
 
-        Positions continue each sequence after its cached tokens; slots come from its block table:
-        ``slot = table[pos // block_size] * block_size + pos % block_size``.
+        Positions continue each sequence after its cached tokens; slots come from its block table
+        through chapter 3's ``slots_for_positions``: ``table[pos // block_size] * block_size +
+        pos % block_size``. Tables are padded with block 0, which attention never reads.
         """
         device = device or "cpu"
-        ids, positions, slots = [], [], []
+        ids, positions = [], []
         for tokens, start, table in zip(new_tokens, context_lens, block_tables, strict=True):
             end = start + len(tokens)
             if -(-end // block_size) > len(table):
@@ -231,16 +233,17 @@ class ForwardBatch:
                                  f"block size {block_size}: allocate blocks before building the batch")
             ids += list(tokens)
             positions += range(start, end)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-        width = max(1, max(len(t) for t in block_tables))
-        tables = [list(t) + [0] * (width - len(t)) for t in block_tables]
-        lens = [c + len(t) for c, t in zip(context_lens, new_tokens)]
+        query_lens = tuple(len(t) for t in new_tokens)
+        tables = pad_block_tables(block_tables, pad_value=0)
+        positions = torch.tensor(positions, dtype=torch.long)
+        rows = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+        lens = [c + q for c, q in zip(context_lens, query_lens)]
         return cls(
             input_ids=_int_tensor(ids, torch.long, device),
-            positions=_int_tensor(positions, torch.long, device),
-            slot_mapping=_int_tensor(slots, torch.long, device),
-            query_lens=tuple(len(t) for t in new_tokens), context_lens=tuple(context_lens),
-            block_tables=_int_tensor(tables, torch.int32, device),
+            positions=positions.to(device, non_blocking=True),
+            slot_mapping=slots_for_positions(tables, positions, block_size, rows).to(device, non_blocking=True),
+            query_lens=query_lens, context_lens=tuple(context_lens),
+            block_tables=tables.to(device, non_blocking=True),
             seq_lens=_int_tensor(lens, torch.int32, device),
         )
 
