@@ -32,17 +32,20 @@ NOTEBOOKS = ROOT / "notebooks"
 EXPORT_TAG = "export"
 
 COLAB_CELL = '''\
-# Colab set-up: on Google Colab this installs minipaged from the course repository.
-# Anywhere else (your laptop, CI, a GPU box with the repo checked out) it does nothing.
+# Colab set-up: on Google Colab this clones the course repository (the package, and the recorded
+# GPU measurements in results/ that chapters plot) and installs it. Anywhere else it does nothing.
 import sys
 
 if "google.colab" in sys.modules:
+    import os
     import subprocess
 
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "minipaged @ git+{url}@{branch}"],
-        check=True,
-    )'''
+    repo = "/content/minipaged"
+    if not os.path.exists(repo):
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}", "{url}", repo],
+                       check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", repo], check=True)
+    sys.path.insert(0, repo)  # the running kernel does not see a fresh editable install otherwise'''
 
 
 def header(chapter: Path) -> str:

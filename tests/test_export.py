@@ -1,0 +1,99 @@
+"""The literate exporter (tools/export.py): chapters -> package + Colab twins, and the sync check."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import export  # noqa: E402
+
+CHAPTER = """\
+---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+minipaged:
+  module: {module}
+---
+
+# A chapter
+
+```{{code-cell}} ipython3
+:tags: [export]
+
+__all__ = [{name!r}]
+
+
+def {name}():
+    return 42
+```
+
+```{{code-cell}} ipython3
+print("narration is not exported")
+```
+"""
+
+
+@pytest.fixture
+def book(tmp_path, monkeypatch):
+    (tmp_path / "chapters").mkdir()
+    (tmp_path / "_config.yml").write_text(
+        "repository:\n  url: https://github.com/example/course\n  branch: dev\n")
+    monkeypatch.setattr(export, "ROOT", tmp_path)
+    monkeypatch.setattr(export, "CHAPTERS", tmp_path / "chapters")
+    monkeypatch.setattr(export, "PACKAGE", tmp_path / "minipaged")
+    monkeypatch.setattr(export, "NOTEBOOKS", tmp_path / "notebooks")
+    return tmp_path
+
+
+def add_chapter(book, stem, module, name):
+    (book / "chapters" / f"{stem}.md").write_text(CHAPTER.format(module=module, name=name))
+
+
+def test_export_writes_module_init_and_colab_twin(book, capsys):
+    add_chapter(book, "01_first", "first", "answer")
+    export.write(export.expected_files())
+    module = (book / "minipaged" / "first.py").read_text()
+    assert module.startswith("# GENERATED from chapters/01_first.md")
+    assert "def answer" in module and "narration" not in module
+    assert '"answer": "first"' in (book / "minipaged" / "__init__.py").read_text()
+    twin = json.loads((book / "notebooks" / "01_first.ipynb").read_text())
+    setup = "".join(twin["cells"][0]["source"])
+    assert "google.colab" in setup and "https://github.com/example/course" in setup and '"dev"' in setup
+    assert all(c.get("outputs", []) == [] for c in twin["cells"] if c["cell_type"] == "code")
+    exec(compile(setup, "setup", "exec"), {})  # outside Colab the set-up cell does nothing
+    assert export.check(export.expected_files()) == 0
+
+
+def test_check_fails_with_a_diff_on_a_hand_edit_and_on_a_stale_file(book, capsys):
+    add_chapter(book, "01_first", "first", "answer")
+    export.write(export.expected_files())
+    generated = book / "minipaged" / "first.py"
+    generated.write_text(generated.read_text().replace("return 42", "return 43"))
+    (book / "minipaged" / "orphan.py").write_text("")
+    assert export.check(export.expected_files()) == 1
+    err = capsys.readouterr().err
+    assert "-    return 43" in err and "+    return 42" in err
+    assert "not produced by any chapter: minipaged/orphan.py" in err
+
+
+def test_export_is_deterministic(book):
+    add_chapter(book, "01_first", "first", "answer")
+    assert export.expected_files() == export.expected_files()
+
+
+def test_one_module_per_chapter_and_one_owner_per_public_name(book):
+    add_chapter(book, "01_first", "first", "answer")
+    add_chapter(book, "02_second", "first", "other")
+    with pytest.raises(SystemExit, match="one chapter owns one module"):
+        export.expected_files()
+    add_chapter(book, "02_second", "second", "answer")
+    with pytest.raises(SystemExit, match="already exported"):
+        export.expected_files()
