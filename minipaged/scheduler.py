@@ -464,10 +464,7 @@ class Scheduler:
             self._live[child.seq_id] = child
             self.running.append(child)
             events.append((child, token))
-        if self._caches_prefixes:
-            append_token_ids = self.manager.append_token_ids
-            for seq, token in events:
-                append_token_ids(seq.seq_id, (token,))
+        append_token_ids = self.manager.append_token_ids if self._caches_prefixes else None
         done = []
         # One cheap test per sequence that every stop condition implies; _stop_reason decides.
         # (A sequence of n tokens stops for length when n >= max_model_len, or when its next token
@@ -475,6 +472,8 @@ class Scheduler:
         limit = min(self.config.max_model_len,
                     (self.num_total_blocks - self.config.watermark_blocks) * self.block_size)
         for seq, token in events:
+            if append_token_ids is not None:
+                append_token_ids(seq.seq_id, (token,))
             outputs = seq.output_token_ids
             outputs.append(token)
             if seq.first_token_time is None:
@@ -484,9 +483,11 @@ class Scheduler:
                     or len(seq.prompt_token_ids) + len(outputs) >= limit):
                 reason = self._stop_reason(seq, token, eos_token_id)
                 if reason is not None:
-                    self.running.remove(seq)
                     self._finish(seq, reason, now)
                     done.append(seq)
+        if done:  # one pass over the running queue, however many finished
+            finished = set(done)
+            self.running[:] = [s for s in self.running if s not in finished]
         return done
 
     def abort_step(self, out: SchedulerOutput) -> None:
