@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minipaged.block_table import pad_block_tables, slots_for_positions
+from minipaged.block_table import blocks_needed, pad_block_tables, slots_for_positions
 from minipaged.decode_attention import paged_attention
 from minipaged.kv_cache import PagedKVCache
 
@@ -228,7 +228,7 @@ class ForwardBatch:
         ids, positions = [], []
         for tokens, start, table in zip(new_tokens, context_lens, block_tables, strict=True):
             end = start + len(tokens)
-            if -(-end // block_size) > len(table):
+            if blocks_needed(end, block_size) > len(table):
                 raise ValueError(f"a block table of {len(table)} blocks cannot hold {end} tokens at "
                                  f"block size {block_size}: allocate blocks before building the batch")
             ids += list(tokens)
@@ -445,12 +445,11 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
         hooks.append(ref.self_attn.register_forward_hook(
             lambda m, args, out, i=i: theirs.setdefault(i, []).append(out[0][0].detach())))
     try:
-        blocks_needed = sum(-(-len(p) // block_size) for p in prompts)
-        cache = model.new_cache(blocks_needed, block_size)
-        order = torch.randperm(blocks_needed, generator=torch.Generator().manual_seed(seed)).tolist()
+        counts = [blocks_needed(len(p), block_size) for p in prompts]
+        cache = model.new_cache(sum(counts), block_size)
+        order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)).tolist()
         tables, used = [], 0
-        for p in prompts:
-            n = -(-len(p) // block_size)
+        for n in counts:
             tables.append(order[used:used + n])
             used += n
         model(ForwardBatch.from_sequences(prompts, [0] * len(prompts), tables, block_size,
@@ -503,7 +502,7 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache, prompts: list[l
             continue
         new = [prompts[i] if cached[i] == 0 else trace.tokens[i][-1:] for i in active]
         for i, tokens in zip(active, new):
-            grow = -(-(cached[i] + len(tokens)) // bs) - len(tables.get(i, []))
+            grow = blocks_needed(cached[i] + len(tokens), bs) - len(tables.get(i, []))
             if grow > len(free):
                 raise RuntimeError(f"paged cache exhausted: sequence {i} needs {grow} more blocks, "
                                    f"{len(free)} free; give the cache more blocks")
