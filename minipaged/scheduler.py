@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from minipaged.block_table import blocks_needed
+
 __all__ = [
     "SamplingParams",
     "SequenceStatus",
@@ -257,7 +259,7 @@ class Scheduler:
             raise PromptTooLongError(
                 f"prompt of {n} tokens does not fit max_model_len={limit} (it needs room for at "
                 "least one new token): shorten the prompt or raise max_model_len")
-        blocks = self._blocks_for(n + 1)
+        blocks = blocks_needed(n + 1, self.block_size)
         if blocks > self.num_total_blocks - self.config.watermark_blocks:
             raise PromptTooLongError(
                 f"prompt of {n} tokens needs {blocks} KV blocks but the cache has "
@@ -288,14 +290,11 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     # -- block arithmetic -------------------------------------------------------------------
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
     def _need(self, seq: Sequence, num_tokens: int) -> int:
         """Free blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write included)."""
         if seq.seq_id in self.manager:
             return self.manager.blocks_needed({seq.seq_id: num_tokens})
-        return self._blocks_for(seq.num_computed_tokens + num_tokens)
+        return blocks_needed(seq.num_computed_tokens + num_tokens, self.block_size)
 
     def _free_after(self, reserved: int) -> int:
         return self.manager.num_free_blocks - reserved - self.config.watermark_blocks
@@ -392,7 +391,7 @@ class Scheduler:
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
             n = seq.num_uncomputed_tokens
-            need = self._blocks_for(seq.num_computed_tokens + n)
+            need = blocks_needed(seq.num_computed_tokens + n, self.block_size)
             if n > budget[0] or need > self._free_after(budget[1]):
                 return
             self.swapped.popleft()
@@ -417,7 +416,7 @@ class Scheduler:
                 elif self.config.enable_chunked_prefill or any(c.is_prefill for c in out.chunks):
                     return  # unchunked, an over-budget prompt runs as the step's only prefill
             need = (self.manager.num_blocks_for_prompt(tokens) if tokens is not None
-                    else self._blocks_for(n))
+                    else blocks_needed(n, self.block_size))
             if need > self._free_after(budget[1]):
                 return
             self.waiting.popleft()
@@ -512,7 +511,8 @@ class Scheduler:
             return SequenceStatus.FINISHED_STOPPED
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
             return SequenceStatus.FINISHED_LENGTH
-        if self._blocks_for(seq.num_tokens + 1) > self.num_total_blocks - self.config.watermark_blocks:
+        if (blocks_needed(seq.num_tokens + 1, self.block_size)
+                > self.num_total_blocks - self.config.watermark_blocks):
             return SequenceStatus.FINISHED_LENGTH  # one more token would not fit the whole cache
         return None
 
