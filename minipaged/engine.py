@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minipaged.block_table import blocks_needed
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
 from minipaged.runtime import default_device
 from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler, SchedulerConfig,
                                  SchedulerOutput, Sequence, SequenceStatus)
+from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
     "make_generator",
@@ -268,7 +270,6 @@ class LLM:
         on_gpu = self.model.device.type == "cuda"
         self.enable_cuda_graphs = on_gpu if enable_cuda_graphs is None else enable_cuda_graphs and on_gpu
         self._graphs: DecodeGraphs | None = None
-        self._max_num_seqs = max_num_seqs
         self.eos_token_id = _eos_id(config, self.tokenizer)
         self.stats = RunStats()
         self._requests: dict[int, _Request] = {}
@@ -279,10 +280,10 @@ class LLM:
     # -- set-up helpers ---------------------------------------------------------------------
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
-        per_block = (2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * block_size
-                     * self.model.dtype.itemsize)
         if device.type != "cuda":
             return self.CPU_DEFAULT_BLOCKS
+        per_block = block_bytes(kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
+                                                   c.head_dim, self.model.dtype.itemsize), block_size)
         free, total = torch.cuda.mem_get_info(device)
         # memory PyTorch holds in its cache but no tensor uses (a previous engine's cache) is free too
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -291,7 +292,7 @@ class LLM:
         if budget < per_block:
             raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free): "
                               "lower max_num_batched_tokens, raise gpu_memory_utilization, or set num_blocks")
-        return budget // per_block
+        return blocks_in_budget(budget, per_block)
 
     def model_parameters(self):
         """The paged model's parameters (shared with the transformers model it was built from)."""
@@ -457,8 +458,9 @@ class LLM:
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
-            max_blocks = -(-self.max_model_len // self.cache.block_size)
-            self._graphs = DecodeGraphs(self.model, self.cache, self._max_num_seqs, max_blocks)
+            max_blocks = blocks_needed(self.max_model_len, self.cache.block_size)
+            self._graphs = DecodeGraphs(self.model, self.cache, self.scheduler.config.max_num_seqs,
+                                        max_blocks)
         return self._graphs
 
     def _children_for(self, seq: Sequence) -> list[Sequence]:
