@@ -108,6 +108,27 @@ class SharingBlockManager(KVBlockManager):
             return (needed if needed > 0 else 0) + 1
         return needed if needed > 0 else 0
 
+    _BATCH_COUNT_MIN = 32  # below this many sequences, counting one by one is cheaper than NumPy
+
+    def _new_blocks_for_step(self, states: list[SequenceState], counts: list[int]) -> list[int]:
+        """``_new_blocks_for`` of every sequence of a step, counted at once from the table array."""
+        if len(states) < self._BATCH_COUNT_MIN:
+            return super()._new_blocks_for_step(states, counts)
+        bs, mirror = self.block_size, self._seqs.mirror
+        rows = self._seqs.rows(states)
+        position = np.fromiter([st.length + st.reserved for st in states], dtype=np.int64,
+                               count=len(states))
+        count = np.asarray(counts, dtype=np.int64)
+        needed = (position + count + (bs - 1)) // bs - mirror.lengths[rows]
+        np.maximum(needed, 0, out=needed)
+        # Copy-on-write: one block more where the first new token lands in a shared, partly filled block.
+        partial = np.flatnonzero((count > 0) & (position % bs != 0))
+        if partial.size:
+            blocks = mirror.array[rows[partial], position[partial] // bs].tolist()
+            refs = np.fromiter(map(self._refcount.__getitem__, blocks), dtype=np.int64, count=len(blocks))
+            needed[partial[refs > 1]] += 1
+        return needed.tolist()
+
     def _grow(self, state: SequenceState, k: int, undo: list[tuple], copies: list) -> list[int]:
         taken: list[int] = []
         index = self._shared_partial_block(state, state.length)
