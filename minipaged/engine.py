@@ -505,8 +505,7 @@ class LLM:
         ``prompts``: token-id lists, or strings when a tokenizer exists (one prompt alone is fine).
         A prompt that can never be served comes back with ``error`` set; the others are served.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -546,8 +545,7 @@ class LLM:
             raise EngineError("beam_search needs an idle engine: finish or abort the running requests")
         if beam_width < 1 or max_tokens < 1:
             raise ValueError(f"beam_width and max_tokens must be >= 1, got {beam_width}, {max_tokens}")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens) for p in prompts]
 
     def _beam_search_one(self, prompt: list[int], width: int, max_tokens: int) -> BeamSearchOutput:
@@ -627,6 +625,11 @@ class LLM:
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, preemptions, hit rate, ...)."""
         return self.stats.summary()
+
+
+def _prompt_list(prompts) -> list:
+    """A list of prompts: one prompt alone (a string, or a list of token ids) becomes a list of one."""
+    return [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else prompts
 
 
 def _load_model(model, tokenizer, device):
