@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
+from minipaged.sizing import kv_bytes_per_token  # noqa: E402
 
 COPY_BANDWIDTH = 4.29e12  # bytes/s read+written, measured device-to-device copy on this H200
 
@@ -101,7 +102,8 @@ def run_minipaged(model, prompts, max_tokens, args):
 def roofline(config, llm, stats, seconds):
     """Lower bound on time: every step reads all weights once plus the KV of every running token."""
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.model_parameters())
-    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
+    kv_per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
+                                      config.head_dim, llm.cache.storage.element_size())
     steps = stats.get("steps", 0)
     kv_tokens_read = stats.get("kv_tokens_read", 0)
     ideal = (steps * weight_bytes + kv_tokens_read * kv_per_token) / COPY_BANDWIDTH
