@@ -13,6 +13,7 @@ import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machi
 import triton
 import triton.language as tl
 
+from minipaged.block_table import blocks_needed
 from minipaged.kv_cache import PagedKVCache
 
 __all__ = [
@@ -39,7 +40,7 @@ def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: i
         length = int(seq_lens[b])
         if length == 0:
             continue
-        table = block_tables[b, : -(-length // cache.block_size)]
+        table = block_tables[b, :blocks_needed(length, cache.block_size)]
         k, v = (x.float().repeat_interleave(group, dim=1) for x in cache.gather(layer, table, length))
         scores = torch.einsum("hd,thd->ht", query[b].float(), k) * scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), v)
