@@ -248,6 +248,11 @@ class Scheduler:
         # a chapter 6 manager caches prefixes: it admits whole prompts and wants every token id
         self._caches_prefixes = hasattr(manager, "allocate_prompt")
         self._fast = True  # use the optimistic decode count (schedule() falls back when wrong)
+        # Blocks one sequence may hold, and the length at which it must stop: max_model_len, or
+        # when its next token would need more blocks than that (ceil((n + 1) / B) > blocks
+        # <=> n >= blocks * B).
+        self._usable_blocks = self.num_total_blocks - self.config.watermark_blocks
+        self._length_limit = min(self.config.max_model_len, self._usable_blocks * self.block_size)
 
     # -- requests in and out ----------------------------------------------------------------
     def check_prompt(self, num_prompt_tokens: int) -> None:
@@ -260,10 +265,10 @@ class Scheduler:
                 f"prompt of {n} tokens does not fit max_model_len={limit} (it needs room for at "
                 "least one new token): shorten the prompt or raise max_model_len")
         blocks = blocks_needed(n + 1, self.block_size)
-        if blocks > self.num_total_blocks - self.config.watermark_blocks:
+        if blocks > self._usable_blocks:
             raise PromptTooLongError(
                 f"prompt of {n} tokens needs {blocks} KV blocks but the cache has "
-                f"{self.num_total_blocks - self.config.watermark_blocks}: give it more blocks "
+                f"{self._usable_blocks}: give it more blocks "
                 "(num_blocks) or shorten the prompt")
 
     def add(self, seq: Sequence) -> None:
@@ -466,10 +471,7 @@ class Scheduler:
         append_token_ids = self.manager.append_token_ids if self._caches_prefixes else None
         done = []
         # One cheap test per sequence that every stop condition implies; _stop_reason decides.
-        # (A sequence of n tokens stops for length when n >= max_model_len, or when its next token
-        # would need more blocks than the cache has: ceil((n + 1) / B) > blocks <=> n >= blocks * B.)
-        limit = min(self.config.max_model_len,
-                    (self.num_total_blocks - self.config.watermark_blocks) * self.block_size)
+        limit = self._length_limit
         for seq, token in events:
             if append_token_ids is not None:
                 append_token_ids(seq.seq_id, (token,))
@@ -509,11 +511,8 @@ class Scheduler:
             return SequenceStatus.FINISHED_STOPPED
         if token in params.stop_token_ids:
             return SequenceStatus.FINISHED_STOPPED
-        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
-            return SequenceStatus.FINISHED_LENGTH
-        if (blocks_needed(seq.num_tokens + 1, self.block_size)
-                > self.num_total_blocks - self.config.watermark_blocks):
-            return SequenceStatus.FINISHED_LENGTH  # one more token would not fit the whole cache
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self._length_limit:
+            return SequenceStatus.FINISHED_LENGTH  # (or one more token would not fit the whole cache)
         return None
 
     def _finish(self, seq: Sequence, status: SequenceStatus, now: float | None = None) -> None:
