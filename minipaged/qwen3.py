@@ -365,13 +365,14 @@ class Qwen3PagedModel(nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        theta = _check_supported(config)
+        self.rope_theta = _check_supported(config)
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3PagedLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, theta), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, self.rope_theta),
+                             persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -395,8 +396,7 @@ class Qwen3PagedModel(nn.Module):
                              f"unexpected {unexpected[:5]}")
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        theta = _check_supported(config)
-        model.inv_freq = rope_inv_freq(config.head_dim, theta).to(model.embed_tokens.weight.device)
+        model.inv_freq = rope_inv_freq(config.head_dim, model.rope_theta).to(model.embed_tokens.weight.device)
         return model.eval().requires_grad_(False)
 
     @classmethod
