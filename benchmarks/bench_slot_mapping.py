@@ -5,7 +5,9 @@
 
 Prints one JSON object and writes it to results/slot_mapping_cpu.json. Measured per step:
 reserve_step (the step's new blocks and its slot mapping) + commit_step of chapter 4's
-KVBlockManager; compute_slot_mapping alone; the batch's block-table tensor; and the same step on
+KVBlockManager; compute_slot_mapping alone; the step's slot mapping gathered from the manager's table
+array with NumPy (what ``reserve_step`` does) and with chapter 3's ``slots_for_positions`` on the
+same array; the batch's block-table tensor; and the same step on
 chapter 6's engine-facing PrefixCachingBlockManager, including telling it each sequence's sampled
 token. ``--baseline REV`` also measures the package as it was at git revision REV: the two versions
 run in alternating subprocesses (``--rounds`` each, interleaved, so both see the same machine load)
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__" and "--package-root" in sys.argv:  # a worker measuring another version
@@ -36,6 +39,7 @@ else:
     sys.path.insert(0, str(ROOT))
 
 from minipaged.block_manager import KVBlockManager, compute_slot_mapping  # noqa: E402
+from minipaged.block_table import slots_for_positions  # noqa: E402
 from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
 
 TARGET_US = 500
@@ -51,7 +55,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-METRICS = ("step_us_median", "slot_mapping_us_median", "block_table_tensor_us_median",
+METRICS = ("step_us_median", "slot_mapping_us_median", "mirror_gather_us_median",
+           "ch3_slots_for_positions_us_median", "block_table_tensor_us_median",
            "prefix_caching_step_us_median")
 
 
@@ -127,6 +132,28 @@ def main() -> int:
                              [1] * len(batch), bs)
         map_s.append(time.perf_counter() - start)
 
+    # The same decode slot mapping from the manager's table array: NumPy, then chapter 3's function.
+    # (A revision from before the table array gets the same tables padded into one array instead.)
+    if hasattr(manager._seqs, "mirror"):
+        array = manager._seqs.mirror.array
+        rows = manager._seqs.rows([manager._seqs[s] for s in batch])
+    else:
+        array = np.zeros((len(tables), max(map(len, tables))), dtype=np.int32)
+        for row, table in enumerate(tables):
+            array[row, :len(table)] = table
+        rows = np.arange(len(tables), dtype=np.intp)
+    positions = np.asarray(lengths, dtype=np.int64)
+    rows_t, positions_t = torch.from_numpy(rows), torch.from_numpy(positions)
+    gather_s, ch3_s = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        numpy_slots = torch.from_numpy(array[rows, positions // bs].astype(np.int64) * bs + positions % bs)
+        gather_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ch3_slots = slots_for_positions(torch.from_numpy(array), positions_t, bs, rows=rows_t)
+        ch3_s.append(time.perf_counter() - start)
+    assert torch.equal(numpy_slots, ch3_slots)
+
     prefix = PrefixCachingBlockManager(blocks, bs, event_log_size=0)
     for seq, prompt in zip(batch, prompts):
         computed = prefix.allocate_prompt(seq, rng.integers(0, 150_000, int(prompt)).tolist())
@@ -152,11 +179,15 @@ def main() -> int:
         "step_us_median": statistics.median(step_s) * 1e6,
         "step_us_p90": float(np.percentile(step_s, 90) * 1e6),
         "slot_mapping_us_median": statistics.median(map_s) * 1e6,
+        "mirror_gather_us_median": statistics.median(gather_s) * 1e6,
+        "ch3_slots_for_positions_us_median": statistics.median(ch3_s) * 1e6,
         "block_table_tensor_us_median": statistics.median(table_s) * 1e6,
         "prefix_caching_step_us_median": statistics.median(prefix_s) * 1e6,
         "target_us": TARGET_US,
         "note": "step = reserve_step + commit_step of a one-token decode step for every sequence "
-                "(KVBlockManager); block_table_tensor = get_block_table_tensor of the 256 sequences; "
+                "(KVBlockManager); mirror_gather and ch3_slots_for_positions = that step's slot "
+                "mapping from the manager's table array, NumPy vs chapter 3's torch function; "
+                "block_table_tensor = get_block_table_tensor of the 256 sequences; "
                 "prefix_caching_step adds append_token_ids per sequence and block "
                 "registration (PrefixCachingBlockManager, event log off); the 2-core machine was "
                 "shared with other jobs while this ran",

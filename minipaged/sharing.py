@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,9 +18,8 @@ from minipaged.block_manager import (BlockManagerError, FreeBlockList, KVBlockMa
 __all__ = ["BlockEvent", "SharingBlockManager", "parallel_sampling_savings", "beam_search_savings"]
 
 
-@dataclass(frozen=True)
-class BlockEvent:
-    """One change to a block's ownership.
+class BlockEvent(NamedTuple):
+    """One change to a block's ownership (an immutable record; a named tuple is cheap to make).
 
     ``op`` is one of ``alloc`` (taken from the free list), ``ref`` (shared by a fork), ``unref``,
     ``free`` (count reached zero), ``cow`` (a private copy replaced a shared block), ``untake``
