@@ -407,10 +407,9 @@ class LLM:
             whole = len(group) == len(chunks)
             token_index = None if whole else torch.cat(
                 [torch.arange(starts[i], starts[i + 1]) for i in group])
-            base = sum(len(p) for p in parts)
+            row = sum(len(p) for p in parts)  # this group's first row in the step's logits
             parts.append(self._run_group([chunks[i] for i in group], res, token_index,
                                          None if whole else torch.tensor(group)))
-            row = base
             for i in group:
                 if not chunks[i].samples:
                     continue
