@@ -23,6 +23,11 @@ __all__ = [
     "blocks_needed",
     "needs_new_block",
     "last_block_waste",
+    "pad_block_tables",
+    "slots_for_positions",
+    "slots_for_range",
+    "block_size_sweep",
+    "memory_map",
 ]
 
 
@@ -99,9 +104,6 @@ def last_block_waste(length: int, block_size: int) -> int:
     return blocks_needed(length, block_size) * block_size - length
 
 
-__all__ += ["pad_block_tables", "slots_for_positions", "slots_for_range"]
-
-
 def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded."""
@@ -148,9 +150,6 @@ def slots_for_range(block_table: Sequence[int] | torch.Tensor, start: int, count
     return slots_for_positions(table, positions, block_size, rows=torch.zeros_like(positions))
 
 
-__all__ += ["block_size_sweep"]
-
-
 def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list[dict]:
     """For each block size: last-block waste (total and as a share of allocated slots), mean and
     largest table length, and blocks needed, for sequences of the given final lengths."""
@@ -171,9 +170,6 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
             "max_table_len": int(blocks.max()),
         })
     return rows
-
-
-__all__ += ["memory_map"]
 
 
 def memory_map(tables: Mapping[object, Sequence[int]], num_blocks: int) -> np.ndarray:

@@ -115,3 +115,12 @@ def test_memory_map_owners_free_blocks_and_errors():
         memory_map({"A": [4]}, 4)
     with pytest.raises(BlockTableError, match="outside"):
         memory_map({"A": [-1]}, 4)
+
+
+def test_every_public_name_is_reachable_from_the_package():
+    import minipaged
+    import minipaged.block_table as block_table
+
+    missing = [n for n in block_table.__all__ if n not in minipaged.__all__]
+    assert not missing, f"not in minipaged.__all__ (is __all__ one literal list?): {missing}"
+    assert minipaged.slots_for_positions is slots_for_positions
