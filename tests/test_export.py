@@ -97,3 +97,13 @@ def test_one_module_per_chapter_and_one_owner_per_public_name(book):
     add_chapter(book, "02_second", "second", "answer")
     with pytest.raises(SystemExit, match="already exported"):
         export.expected_files()
+
+
+@pytest.mark.parametrize("extra", ["__all__ += ['more']", "__all__ = ['a'] + ['b']",
+                                   "__all__ = ['again']"])
+def test_all_must_be_one_literal_list(book, extra):
+    add_chapter(book, "01_first", "first", "answer")
+    chapter = book / "chapters" / "01_first.md"
+    chapter.write_text(chapter.read_text().replace("def answer():", f"{extra}\n\n\ndef answer():"))
+    with pytest.raises(SystemExit, match="01_first.md: .*__all__"):
+        export.expected_files()

@@ -104,13 +104,23 @@ def colab_twin(notebook, url: str, branch: str) -> str:
 
 
 def public_names(source: str) -> list[str]:
-    """The names in a module's literal ``__all__``."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
-        ):
-            return list(ast.literal_eval(node.value))
-    return []
+    """The names in a module's ``__all__``, which must be ONE literal list assigned once.
+
+    ``__all__ += [...]`` or a computed ``__all__`` would silently hide names from the package's
+    lazy ``__init__``, so both are refused.
+    """
+    found: list[list[str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.AugAssign) and getattr(node.target, "id", None) == "__all__":
+            raise ValueError("extends __all__ with +=; list every public name in one __all__ = [...]")
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            try:
+                found.append(list(ast.literal_eval(node.value)))
+            except ValueError:
+                raise ValueError("computes __all__; write it as one literal list") from None
+    if len(found) > 1:
+        raise ValueError("assigns __all__ more than once; keep one literal list")
+    return found[0] if found else []
 
 
 def package_init(modules: list[tuple[str, str, Path]]) -> str:
@@ -129,7 +139,11 @@ def package_init(modules: list[tuple[str, str, Path]]) -> str:
     ]
     names = []
     for module, source, chapter in modules:
-        for name in public_names(source):
+        try:
+            public = public_names(source)
+        except ValueError as error:
+            raise SystemExit(f"{chapter.name}: {error}") from None
+        for name in public:
             if name in names:
                 raise SystemExit(
                     f"{chapter.name}: public name {name!r} is already exported by another chapter; "
