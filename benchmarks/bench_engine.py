@@ -18,6 +18,13 @@ that passes ``--max-seconds`` (30); each row records how many requests it ran. T
 ``--hf-requests 256 --max-seconds 1000`` (about 6 minutes). The JSON is rewritten after every path.
 ``--check`` first verifies greedy parity with transformers (fp32, 4 layers) with and without CUDA
 graphs and under preemption; ``--output-lens uniform`` runs nano-vllm's workload (minipaged only).
+
+On a GPU every path (and the parity check) runs in a process of its own, on the same seeded model, so
+that no path runs in memory another left behind (``--in-process`` turns this off). Each row records
+the free device memory when the path started and its peak; the minipaged row also records what
+device memory stayed allocated after the engine was deleted (``leaked_bytes``, should be 0).
+``hf_generate_padded_no_cudnn`` is padded ``generate`` with SDPA kept off cuDNN's attention, which
+plans anew for every new key length (chapter 9).
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ import argparse
 import datetime as dt
 import gc
 import json
-import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -73,9 +81,18 @@ def sync():
         torch.cuda.synchronize()
 
 
+def memory_row() -> dict:
+    """Free device memory now and the peak this process allocated so far (GiB)."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"free_gib_at_start": round(free / 2**30, 2), "total_gib": round(total / 2**30, 2)}
+
+
 def run_minipaged(model, prompts, max_tokens, args):
     from minipaged import LLM, SamplingParams
 
+    allocated_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
     if args.output_lens == "uniform":  # nano-vllm's workload: output lengths uniform in 100-1024
         rng = random.Random(1)
@@ -96,6 +113,12 @@ def run_minipaged(model, prompts, max_tokens, args):
     stats = llm.last_run_stats()
     row.update(stats)
     row.update(roofline(model.config, llm, stats, seconds))
+    row["num_blocks"] = llm.cache.num_blocks
+    del llm, outputs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        row["leaked_bytes"] = torch.cuda.memory_allocated() - allocated_before
     return row
 
 
@@ -164,40 +187,60 @@ def run_hf_generate_batch(model, prompts, max_tokens, args):
             "seconds": seconds, "tok_per_s": tokens / seconds, "attn_implementation": "paged|sdpa"}
 
 
-def run_hf_padded(model, prompts, max_tokens, args, deadline):
-    set_attention(model, "sdpa")
+def padded_generate(model, batch, max_tokens):
+    """``model.generate`` on one left-padded batch; returns the number of new tokens per row."""
     device = next(model.parameters()).device
+    width = max(map(len, batch))
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, p in enumerate(batch):  # left padding
+        ids[row, width - len(p):] = torch.tensor(p)
+        mask[row, width - len(p):] = 1
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out.shape[1] - width
+
+
+def run_hf_padded(model, prompts, max_tokens, args, deadline, no_cudnn=False):
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    set_attention(model, "sdpa")
+    backends = (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+                if no_cudnn else contextlib.nullcontext())
     tokens, seconds, done = 0, 0.0, 0
-    for i in range(0, len(prompts), args.hf_batch):
-        batch = prompts[i:i + args.hf_batch]
-        width = max(map(len, batch))
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, p in enumerate(batch):  # left padding
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        sync()
-        start = time.perf_counter()
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-        sync()
-        seconds += time.perf_counter() - start
-        tokens += (out.shape[1] - width) * len(batch)
-        done += len(batch)
-        if time.monotonic() > deadline:
-            break
-    return {"path": "hf_generate_padded", "requests": done, "output_tokens": tokens,
-            "seconds": seconds, "tok_per_s": tokens / seconds, "batch_size": args.hf_batch}
+    with backends:
+        padded_generate(model, [p[:32] for p in prompts[:4]], 4)  # warm-up
+        for i in range(0, len(prompts), args.hf_batch):
+            batch = prompts[i:i + args.hf_batch]
+            sync()
+            start = time.perf_counter()
+            new_tokens = padded_generate(model, batch, max_tokens)
+            sync()
+            seconds += time.perf_counter() - start
+            tokens += new_tokens * len(batch)
+            done += len(batch)
+            if time.monotonic() > deadline:
+                break
+    return {"path": "hf_generate_padded_no_cudnn" if no_cudnn else "hf_generate_padded",
+            "requests": done, "output_tokens": tokens, "seconds": seconds,
+            "tok_per_s": tokens / seconds, "batch_size": args.hf_batch,
+            "sdpa_backends": "flash, efficient, math (no cuDNN)" if no_cudnn else "torch default"}
 
 
-def main() -> int:
+PATHS = ("minipaged", "hf_generate_batch", "hf_generate_padded", "hf_generate_padded_no_cudnn")
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results", help="folder for engine.json")
     parser.add_argument("--quick", action="store_true", help="a small workload (and tiny model on CPU)")
     parser.add_argument("--max-seconds", type=float, default=30.0,
                         help="padded generate stops after the batch that passes this many seconds")
-    parser.add_argument("--paths", default="minipaged,hf_generate_batch,hf_generate_padded")
+    parser.add_argument("--paths", default="minipaged,hf_generate_batch,hf_generate_padded",
+                        help="comma-separated, from: " + ", ".join(PATHS))
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--hf-requests", type=int, default=64,
@@ -210,66 +253,124 @@ def main() -> int:
                              "(minipaged path only)")
     parser.add_argument("--check", action="store_true",
                         help="first check greedy parity with transformers (fp32, 4 layers)")
-    args = parser.parse_args()
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every path in this process (the default on CPU)")
+    parser.add_argument("--row-file", help=argparse.SUPPRESS)  # a child process writes its row here
+    args = parser.parse_args(argv)
+    unknown = set(args.paths.split(",")) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown path(s) {sorted(unknown)}; choose from {', '.join(PATHS)}")
+    return args
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    parity = None
-    if args.check and device == "cuda":
-        try:
-            parity = check_parity(device)
-        except Exception as error:  # recorded; the timing still runs
-            traceback.print_exc()
-            parity = {"error": f"{type(error).__name__}: {error}"}
-            torch.cuda.empty_cache()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+def workload_spec(args, device):
     num_requests = args.num_requests or (32 if args.quick else 256)
     max_tokens = args.max_tokens or (64 if args.quick else 512)
     lo, hi = (16, 128) if args.quick and device == "cpu" else (100, 1024)
+    return num_requests, max_tokens, lo, hi
+
+
+def run_path(path, args, device) -> dict:
+    """Build the seeded model and run one path on it (in this process)."""
+    if path == "parity":
+        return check_parity(device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    num_requests, max_tokens, lo, hi = workload_spec(args, device)
     config = qwen3_06b_config(args.quick)
     model = build_model(config, device, dtype)
-    if parity is not None:
-        print("parity:", json.dumps(parity), flush=True)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
+    memory = memory_row()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    deadline = time.monotonic() + args.max_seconds
+    if path == "minipaged":
+        row = run_minipaged(model, prompts, max_tokens, args)
+    elif path == "hf_generate_batch":
+        row = run_hf_generate_batch(model, prompts[:args.hf_requests], max_tokens, args)
+    else:
+        row = run_hf_padded(model, prompts, max_tokens, args, deadline,
+                            no_cudnn=path == "hf_generate_padded_no_cudnn")
+    row.update(memory)
+    if device == "cuda":
+        row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
 
+
+def run_in_child(path, args) -> dict:
+    """Run one path in a fresh Python process; its row comes back through a file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        row_file = Path(tmp) / "row.json"
+        command = [sys.executable, __file__, "--in-process", "--paths", path if path != "parity" else "minipaged",
+                   "--row-file", str(row_file), "--out", tmp, "--max-seconds", str(args.max_seconds),
+                   "--hf-requests", str(args.hf_requests), "--hf-batch", str(args.hf_batch),
+                   "--max-num-seqs", str(args.max_num_seqs), "--output-lens", args.output_lens]
+        command += ["--quick"] * args.quick + ["--check"] * (path == "parity")
+        for flag, value in (("--num-requests", args.num_requests), ("--max-tokens", args.max_tokens)):
+            if value is not None:
+                command += [flag, str(value)]
+        done = subprocess.run(command)
+        if row_file.exists():
+            return json.loads(row_file.read_text())
+        return {"path": path, "error": f"child process exited with {done.returncode} and wrote no row"}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    in_process = args.in_process or device == "cpu"
+
+    if args.row_file:  # a child: one path (or the parity check), one row
+        path = "parity" if args.check else args.paths
+        try:
+            row = run_path(path, args, device)
+        except Exception as error:  # recorded; the parent goes on with the other paths
+            traceback.print_exc()
+            row = {"path": path, "error": f"{type(error).__name__}: {error}"}
+        Path(args.row_file).write_text(json.dumps(row))
+        return 0
+
+    num_requests, max_tokens, lo, hi = workload_spec(args, device)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    config = qwen3_06b_config(args.quick)
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "workload": {"requests": num_requests, "prompt_len": [lo, hi], "max_tokens": max_tokens,
-                     "ignore_eos": True, "greedy": True, "dtype": str(dtype),
+                     "ignore_eos": True, "greedy": True,
+                     "dtype": str(torch.bfloat16 if device == "cuda" else torch.float32),
                      "model": "random Qwen3-0.6B shape" if config.num_hidden_layers == 28 else "tiny"},
+        "isolation": "in one process" if in_process else "one process per path",
         "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH,
-        "parity_fp32_4_layers": parity,
+        "parity_fp32_4_layers": None,
         "rows": [],
     }
 
     def save():
         (out_dir / "engine.json").write_text(json.dumps(result, indent=1))
 
+    if args.check and device == "cuda":
+        parity = run_path("parity", args, device) if in_process else run_in_child("parity", args)
+        result["parity_fp32_4_layers"] = parity
+        print("parity:", json.dumps(parity), flush=True)
+        save()
+
     paths = args.paths.split(",")
     if args.output_lens == "uniform":
         paths = [p for p in paths if p == "minipaged"]
         result["workload"]["max_tokens"] = "uniform 100-1024"
     for path in paths:
-        deadline = time.monotonic() + args.max_seconds
         t0 = time.perf_counter()
-        try:
-            if path == "minipaged":
-                row = run_minipaged(model, prompts, max_tokens, args)
-            elif path == "hf_generate_batch":
-                row = run_hf_generate_batch(model, prompts[:args.hf_requests], max_tokens, args)
-            elif path == "hf_generate_padded":
-                row = run_hf_padded(model, prompts, max_tokens, args, deadline)
-            else:
-                raise SystemExit(f"unknown path {path!r}")
-        except Exception as error:  # a failing path is recorded, the others still run
-            traceback.print_exc()
-            row = {"path": path, "error": f"{type(error).__name__}: {error}"}
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        if in_process:
+            try:
+                row = run_path(path, args, device)
+            except Exception as error:  # a failing path is recorded, the others still run
+                traceback.print_exc()
+                row = {"path": path, "error": f"{type(error).__name__}: {error}"}
+        else:
+            row = run_in_child(path, args)
         row["wall_seconds"] = time.perf_counter() - t0
         gc.collect()
         if device == "cuda":
