@@ -123,6 +123,8 @@ def main() -> int:
                         help="blocks of 16 tokens for the preemption runs (default: about a third of "
                              "what the workload needs at its peak)")
     parser.add_argument("--rate", type=float, default=None, help="arrivals per second")
+    parser.add_argument("--experiments", default="preemption,arrivals",
+                        help="comma-separated: preemption, arrivals")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,17 +158,20 @@ def main() -> int:
         (out_dir / "policies.json").write_text(json.dumps(result, indent=1))
         return tokens
 
-    reference = record(run_offline(model, prompts, max_tokens, "no preemption (cache from free memory)",
-                                   num_blocks=None if device == "cuda" else peak_blocks))
-    for mode in ("recompute", "swap"):
-        row = run_offline(model, prompts, max_tokens, f"{mode}, {tight} blocks", num_blocks=tight,
-                          preemption_mode=mode)
-        # in fp32 these are all equal (chapter 11 checks it); in bf16 a different batch or a
-        # recomputed prefill can flip a near-tie of random weights
-        row["requests_identical_to_reference"] = sum(a == b for a, b in zip(row["tokens"], reference))
-        record(row)
-    for policy in ("decode_first", "prefill_first"):
-        record(run_arrivals(model, prompts, max_tokens, rate, policy))
+    experiments = args.experiments.split(",")
+    if "preemption" in experiments:
+        reference = record(run_offline(model, prompts, max_tokens, "no preemption (cache from free memory)",
+                                       num_blocks=None if device == "cuda" else peak_blocks))
+        for mode in ("recompute", "swap"):
+            row = run_offline(model, prompts, max_tokens, f"{mode}, {tight} blocks", num_blocks=tight,
+                              preemption_mode=mode)
+            # in fp32 these are all equal (chapter 11 checks it); in bf16 a different batch or a
+            # recomputed prefill can flip a near-tie of random weights
+            row["requests_identical_to_reference"] = sum(a == b for a, b in zip(row["tokens"], reference))
+            record(row)
+    if "arrivals" in experiments:
+        for policy in ("decode_first", "prefill_first"):
+            record(run_arrivals(model, prompts, max_tokens, rate, policy))
     return 0
 
 

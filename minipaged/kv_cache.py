@@ -301,11 +301,28 @@ def _check_same_geometry(a: PagedKVCache, b: PagedKVCache) -> None:
 
 def _copy_between(src_cache: PagedKVCache, dst_cache: PagedKVCache,
                   pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
-    """Blocks ``(src, dst)`` of ``src_cache`` into ``dst_cache``: gather, one transfer, scatter."""
+    """Blocks ``(src, dst)`` of ``src_cache`` into ``dst_cache``: gather, one transfer, scatter.
+
+    Between a GPU and the host the transfer goes through a page-locked staging tensor, so that it
+    is one DMA copy at full link speed (a pageable one is staged again by the driver, in pieces).
+    """
     _check_same_geometry(src_cache, dst_cache)
     pairs = _pairs(src_cache, pairs, num_dst_blocks=dst_cache.num_blocks)
     if not pairs:
         return
+    src_storage, dst_storage = src_cache.storage, dst_cache.storage
     src, dst = (torch.tensor(x) for x in zip(*pairs))
-    staged = src_cache.storage[:, :, src.to(src_cache.storage.device)]
-    dst_cache.storage[:, :, dst.to(dst_cache.storage.device)] = staged.to(dst_cache.storage.device)
+    if src_storage.device.type == "cuda" and dst_storage.device.type == "cpu":      # swap out
+        gathered = src_storage.index_select(2, src.to(src_storage.device))
+        staged = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+        staged.copy_(gathered, non_blocking=True)
+        torch.cuda.current_stream(src_storage.device).synchronize()   # the host reads it next
+        dst_storage.index_copy_(2, dst, staged)
+    elif src_storage.device.type == "cpu" and dst_storage.device.type == "cuda":    # swap in
+        staged = torch.empty((*src_storage.shape[:2], len(pairs), *src_storage.shape[3:]),
+                             dtype=src_storage.dtype, pin_memory=True)
+        torch.index_select(src_storage, 2, src, out=staged)            # gather into page-locked memory
+        dst_storage.index_copy_(2, dst.to(dst_storage.device), staged.to(dst_storage.device, non_blocking=True))
+    else:                                                              # one device (or two GPUs)
+        dst_storage.index_copy_(2, dst.to(dst_storage.device),
+                                src_storage.index_select(2, src.to(src_storage.device)).to(dst_storage.device))
