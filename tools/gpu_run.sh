@@ -15,7 +15,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STEPS=${*:-chapters bench}
 CHAPTERS=${CHAPTERS:-}
-BENCHES=${BENCHES:-decode_attention qwen3_decode engine}
+BENCHES=${BENCHES:-decode_attention qwen3_decode engine policies swap_copy}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
 PY=${PY:-python3}
 
