@@ -189,21 +189,13 @@ def test_teaching_manager_free_reuses_blocks():
     assert t.append("b") == 0  # freed in reverse, so block 0 is handed out again first
 
 
-def test_failure_in_the_middle_of_a_step_leaves_state_unchanged(monkeypatch):
+def test_failure_in_the_middle_of_a_step_leaves_state_unchanged(monkeypatch, fail_on_take):
     m = KVBlockManager(30, 2)
     for s in "abcd":
         m.create_sequence(s)
         m.append_tokens(s, 3)
     before = state_of(m)
-    real_take, calls = m._take_blocks, []
-
-    def flaky_take(n, seq_id):
-        calls.append(n)
-        if len(calls) == 3:
-            raise RuntimeError("injected failure")
-        return real_take(n, seq_id)
-
-    monkeypatch.setattr(m, "_take_blocks", flaky_take)
+    calls = fail_on_take(m, 3)
     with pytest.raises(RuntimeError, match="injected"):
         m.reserve_step({"a": 4, "b": 3, "c": 6, "d": 1})
     assert len(calls) == 3                      # two sequences had already been given blocks

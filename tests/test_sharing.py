@@ -72,19 +72,11 @@ def test_three_sharers_one_step_recount():
     assert m.invariants_ok()
 
 
-def test_failure_mid_step_with_copy_on_write_leaves_state_unchanged(monkeypatch):
+def test_failure_mid_step_with_copy_on_write_leaves_state_unchanged(monkeypatch, fail_on_take):
     m = make(bs=4, a=6, x=3)
     m.fork("a", "b")
     before = full_state(m)
-    real, calls = m._take_blocks, []
-
-    def flaky(n, seq_id):
-        calls.append(seq_id)
-        if len(calls) == 3:
-            raise RuntimeError("injected failure")
-        return real(n, seq_id)
-
-    monkeypatch.setattr(m, "_take_blocks", flaky)
+    fail_on_take(m, 3)
     with pytest.raises(RuntimeError, match="injected"):
         m.reserve_step({"b": 7, "x": 2, "a": 1})   # b: copy + new blocks, then x fails
     assert full_state(m) == before and m.invariants_ok() and m.pending_step is None
