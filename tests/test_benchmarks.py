@@ -1,0 +1,46 @@
+"""The benchmark scripts run end to end on a tiny model on CPU (no timing is asserted)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def test_bench_policies_tiny_run_preempts_and_keeps_tokens(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_policies.py"), "--quick",
+                           "--out", str(tmp_path), "--num-requests", "6", "--max-tokens", "8",
+                           "--rate", "50"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "policies.json").read_text())
+    assert result["device"] == "cpu" and result["command"].startswith("python ")
+    rows = {(r["experiment"], r["run"].split(",")[0].split(" (")[0]): r for r in result["rows"]}
+    assert set(rows) == {("preemption", "no preemption"), ("preemption", "recompute"),
+                         ("preemption", "swap"), ("arrivals", "decode_first"), ("arrivals", "prefill_first")}
+    for mode in ("recompute", "swap"):
+        row = rows["preemption", mode]
+        assert row["preemptions"] > 0                        # the small cache did force preemption
+        assert row["requests_identical_to_reference"] == 6   # fp32: preemption changes no token
+    # swap re-prefills nothing (recompute may, or may find its blocks still in the prefix cache)
+    assert rows["preemption", "recompute"]["prefill_tokens"] >= rows["preemption", "recompute"]["prompt_tokens"]
+    assert rows["preemption", "swap"]["prefill_tokens"] == rows["preemption", "swap"]["prompt_tokens"]
+    assert all(rows["arrivals", p]["steps"] > 0 for p in ("decode_first", "prefill_first"))
+
+
+def test_bench_engine_rejects_an_unknown_path():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_engine.py"), "--paths", "vllm"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown path(s) ['vllm']" in done.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the benchmark runs on Linux")
+def test_bench_swap_copy_says_it_needs_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script measures instead")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_swap_copy.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a GPU" in done.stdout
