@@ -24,13 +24,14 @@ that no path runs in memory another left behind (``--in-process`` turns this off
 the free device memory when the path started and its peak; the minipaged row also records what
 device memory stayed allocated after the engine was deleted (``leaked_bytes``), and what stays once
 PyTorch's cached cuBLAS workspaces are cleared too (should be 0).
-``hf_generate_padded_no_cudnn`` is padded ``generate`` with SDPA kept off cuDNN's attention, which
-plans anew for every new key length (chapter 9).
+``hf_generate_padded_no_cudnn`` and ``hf_generate_batch_no_cudnn`` keep SDPA off cuDNN's attention,
+which plans anew for every new key length (chapter 9).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
@@ -172,7 +173,27 @@ def check_parity(device) -> dict:
     return rows
 
 
-def run_hf_generate_batch(model, prompts, max_tokens, args):
+@contextlib.contextmanager
+def sdpa_backends(no_cudnn: bool):
+    """Torch's default SDPA backends, or all but cuDNN's attention (a process-wide switch, so it also
+    holds in the worker thread of ``generate_batch``)."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    if no_cudnn:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield "flash, efficient, math (no cuDNN)" if no_cudnn else "torch default"
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def run_hf_generate_batch(model, prompts, max_tokens, args, no_cudnn=False):
+    with sdpa_backends(no_cudnn) as backends:
+        row = _hf_generate_batch(model, prompts, max_tokens)
+    row.update(path="hf_generate_batch_no_cudnn" if no_cudnn else "hf_generate_batch", sdpa_backends=backends)
+    return row
+
+
+def _hf_generate_batch(model, prompts, max_tokens):
     from transformers import GenerationConfig
 
     set_attention(model, "paged|sdpa")
@@ -208,15 +229,9 @@ def padded_generate(model, batch, max_tokens):
 
 
 def run_hf_padded(model, prompts, max_tokens, args, deadline, no_cudnn=False):
-    import contextlib
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     set_attention(model, "sdpa")
-    backends = (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-                if no_cudnn else contextlib.nullcontext())
     tokens, seconds, done = 0, 0.0, 0
-    with backends:
+    with sdpa_backends(no_cudnn) as backends:
         padded_generate(model, [p[:32] for p in prompts[:4]], 4)  # warm-up
         for i in range(0, len(prompts), args.hf_batch):
             batch = prompts[i:i + args.hf_batch]
@@ -232,10 +247,11 @@ def run_hf_padded(model, prompts, max_tokens, args, deadline, no_cudnn=False):
     return {"path": "hf_generate_padded_no_cudnn" if no_cudnn else "hf_generate_padded",
             "requests": done, "output_tokens": tokens, "seconds": seconds,
             "tok_per_s": tokens / seconds, "batch_size": args.hf_batch,
-            "sdpa_backends": "flash, efficient, math (no cuDNN)" if no_cudnn else "torch default"}
+            "sdpa_backends": backends}
 
 
-PATHS = ("minipaged", "hf_generate_batch", "hf_generate_padded", "hf_generate_padded_no_cudnn")
+PATHS = ("minipaged", "hf_generate_batch", "hf_generate_batch_no_cudnn", "hf_generate_padded",
+         "hf_generate_padded_no_cudnn")
 
 
 def parse_args(argv=None):
@@ -290,8 +306,9 @@ def run_path(path, args, device) -> dict:
     deadline = time.monotonic() + args.max_seconds
     if path == "minipaged":
         row = run_minipaged(model, prompts, max_tokens, args)
-    elif path == "hf_generate_batch":
-        row = run_hf_generate_batch(model, prompts[:args.hf_requests], max_tokens, args)
+    elif path.startswith("hf_generate_batch"):
+        row = run_hf_generate_batch(model, prompts[:args.hf_requests], max_tokens, args,
+                                    no_cudnn=path.endswith("no_cudnn"))
     else:
         row = run_hf_padded(model, prompts, max_tokens, args, deadline,
                             no_cudnn=path == "hf_generate_padded_no_cudnn")
