@@ -220,17 +220,8 @@ class SharingMachine(BlockManagerMachine):
     @rule(data=st.data())
     def swap_out(self, data):
         seq = data.draw(st.sampled_from(self.live()))
-        before = self.snapshot()
-        try:
-            pairs = self.m.swap_out(seq)
-        except NoFreeBlocksError:
-            assert self.snapshot() == before
-            return
-        bs = self.m.block_size
-        for gpu, cpu in pairs:
-            for off in range(bs):
-                self.cpu_cache[cpu * bs + off] = self.cache.get(gpu * bs + off)
-        self.swapped[seq] = self.tokens.pop(seq)
+        if self.move_blocks(self.m.swap_out, seq, self.cache, self.cpu_cache):
+            self.swapped[seq] = self.tokens.pop(seq)
 
     @precondition(lambda self: self.step is None and self.swapped)
     @rule(data=st.data(), release=st.booleans())
@@ -241,17 +232,23 @@ class SharingMachine(BlockManagerMachine):
             del self.swapped[seq]
             self.on_release(seq)
             return
+        if self.move_blocks(self.m.swap_in, seq, self.cpu_cache, self.cache):
+            self.tokens[seq] = self.swapped.pop(seq)
+
+    def move_blocks(self, swap, seq, src_cache, dst_cache) -> bool:
+        """Run ``swap(seq)``; copy the slots of each (src, dst) block pair it returns between the
+        model caches. A refused swap (no free blocks) must leave the manager as it was."""
         before = self.snapshot()
         try:
-            pairs = self.m.swap_in(seq)
+            pairs = swap(seq)
         except NoFreeBlocksError:
             assert self.snapshot() == before
-            return
+            return False
         bs = self.m.block_size
-        for cpu, gpu in pairs:
+        for src, dst in pairs:
             for off in range(bs):
-                self.cache[gpu * bs + off] = self.cpu_cache.get(cpu * bs + off)
-        self.tokens[seq] = self.swapped.pop(seq)
+                dst_cache[dst * bs + off] = src_cache.get(src * bs + off)
+        return True
 
     def snapshot(self):
         return (super().snapshot(), [self.m.refcount(b) for b in range(self.m.num_physical_blocks)],
