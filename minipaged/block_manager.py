@@ -1,6 +1,7 @@
 # GENERATED from chapters/04_block_manager.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/04_block_manager.md:47
 """The block manager: a free list, block tables, slot mapping, and atomic step reservation.
 
 ``TeachingBlockManager`` is the smallest manager that works; ``KVBlockManager`` is the one the rest
@@ -78,6 +79,7 @@ class TeachingBlockManager:
         del self.lengths[request]
 
 
+# %% chapters/04_block_manager.md:189
 class UnknownSequenceError(BlockManagerError, KeyError):
     """An operation named a sequence the manager does not hold."""
 
@@ -112,6 +114,7 @@ class StepPendingError(BlockManagerError, RuntimeError):
         super().__init__(f"cannot {what} while a step is reserved: commit_step() or abort_step() first")
 
 
+# %% chapters/04_block_manager.md:234
 @dataclass
 class SequenceState:
     """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved for the step."""
@@ -149,6 +152,7 @@ class FreeBlockList:
         self._queue.appendleft(block)
 
 
+# %% chapters/04_block_manager.md:284
 def compute_slot_mapping(table_slices: Sequence[Sequence[int]], first_blocks: Sequence[int],
                          starts: Sequence[int], counts: Sequence[int], block_size: int) -> np.ndarray:
     """Slots of ``counts[i]`` new tokens starting at position ``starts[i]`` of each sequence.
@@ -169,6 +173,7 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]], first_blocks: Se
     return blocks * block_size + positions % block_size
 
 
+# %% chapters/04_block_manager.md:353
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table, zero-padded.
 
@@ -390,6 +395,7 @@ class LiveSequences(dict):
         return None
 
 
+# %% chapters/04_block_manager.md:611
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, handed to the engine until commit or abort.
@@ -415,6 +421,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
+# %% chapters/04_block_manager.md:643
 class KVBlockManager:
     """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every sequence's table.
 

@@ -1,6 +1,7 @@
 # GENERATED from chapters/03_block_tables.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/03_block_tables.md:63
 """Block tables: positions to slots and back, one at a time or for a whole batch; block sizes."""
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def last_block_waste(length: int, block_size: int) -> int:
     return blocks_needed(length, block_size) * block_size - length
 
 
+# %% chapters/03_block_tables.md:234
 def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded."""
@@ -150,6 +152,7 @@ def slots_for_range(block_table: Sequence[int] | torch.Tensor, start: int, count
     return slots_for_positions(table, positions, block_size, rows=torch.zeros_like(positions))
 
 
+# %% chapters/03_block_tables.md:322
 def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list[dict]:
     """For each block size: last-block waste (total and as a share of allocated slots), mean and
     largest table length, and blocks needed, for sequences of the given final lengths."""
@@ -172,6 +175,7 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
     return rows
 
 
+# %% chapters/03_block_tables.md:426
 def memory_map(tables: Mapping[object, Sequence[int]], num_blocks: int) -> np.ndarray:
     """Owner of every physical block: the index (in ``tables`` order) of the sequence whose table
     holds it, or -1 if free. Raises ``BlockTableError`` if a block is out of range or in two tables."""

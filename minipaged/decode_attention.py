@@ -1,6 +1,7 @@
 # GENERATED from chapters/08_paged_attention.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/08_paged_attention.md:53
 """Paged decode attention: one query token per sequence against its paged K/V, in Triton."""
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: i
     return out
 
 
+# %% chapters/08_paged_attention.md:235
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -112,6 +114,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
+# %% chapters/08_paged_attention.md:318
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          SPLITS_PAD: tl.constexpr,
@@ -135,6 +138,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              mask=dims < HEAD_DIM)
 
 
+# %% chapters/08_paged_attention.md:359
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -164,6 +168,7 @@ def _launch_config(head_dim: int, device: torch.device, split: bool) -> tuple[in
     return (128 if split else 64), 4, 3
 
 
+# %% chapters/08_paged_attention.md:397
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (or ``KVCacheError`` for the layer) on arguments that do not fit."""

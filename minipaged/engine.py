@@ -1,6 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/11_engine.md:50
 """The serving engine: vLLM's offline ``LLM`` API on chapters 4-10 (manager, cache, model, scheduler)."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class EngineError(RuntimeError):
     """The engine cannot make progress (for example a step that schedules nothing)."""
 
 
+# %% chapters/11_engine.md:107
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -86,6 +88,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
+# %% chapters/11_engine.md:205
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -155,6 +158,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
+# %% chapters/11_engine.md:328
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed every step.
 
@@ -216,6 +220,7 @@ class DecodeGraphs:
         return self.outputs[b][:n]
 
 
+# %% chapters/11_engine.md:392
 @dataclass
 class _Request:
     request_id: int

@@ -1,6 +1,7 @@
 # GENERATED from chapters/02_fragmentation.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/02_fragmentation.md:66
 """Where KV memory goes under contiguous reservation and under paging: workloads and a simulator.
 
 Run it from the command line::
@@ -143,6 +144,7 @@ def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: in
     return [TraceRequest(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
 
 
+# %% chapters/02_fragmentation.md:255
 PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "num_prompt_tokens", "input_len",
                   "input_tokens", "input_length", "num_input_tokens", "context_tokens", "prompt",
                   "input")
@@ -211,6 +213,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
+# %% chapters/02_fragmentation.md:369
 POLICIES = ("max", "pow2", "oracle", "paged")
 
 
@@ -281,6 +284,7 @@ class FirstFitAllocator:
         return max(self._sizes, default=0)
 
 
+# %% chapters/02_fragmentation.md:475
 _SERIES = ("token_states", "reservation", "internal", "external", "free", "running", "waiting")
 
 
@@ -333,6 +337,7 @@ class SimulationResult:
         }
 
 
+# %% chapters/02_fragmentation.md:535
 class _ContiguousMemory:
     """One first-fit region per request, reserved on admission for all its future tokens."""
 
@@ -392,6 +397,7 @@ class _PagedMemory:
         self.free_blocks += owned // self.block_size
 
 
+# %% chapters/02_fragmentation.md:597
 def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens: int = 16384, *,
              block_size: int = 16, max_len: int = 2048, max_running: int | None = None,
              watermark: float = 0.01) -> SimulationResult:
@@ -495,6 +501,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
                             truncated=int(truncated), **arrays)
 
 
+# %% chapters/02_fragmentation.md:887
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload; print JSON."""
     parser = argparse.ArgumentParser(

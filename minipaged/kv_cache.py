@@ -1,6 +1,7 @@
 # GENERATED from chapters/07_paged_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/07_paged_kv_cache.md:55
 """The paged KV cache: one pool of fixed-size blocks per layer, written at slots, read by block table."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class KVCacheError(ValueError):
     """A call to the KV cache with arguments that do not fit it (shape, dtype, device, slot, block)."""
 
 
+# %% chapters/07_paged_kv_cache.md:92
 class PagedKVCache:
     """Keys and values of every layer in fixed-size blocks: ``storage[layer, 0|1, block, ...]``.
 
@@ -147,6 +149,7 @@ class PagedKVCache:
                 f"device={self.device}, {self.nbytes / 2**20:.1f} MiB)")
 
 
+# %% chapters/07_paged_kv_cache.md:243
 def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
     """Plain-PyTorch ``cache.write``: store token ``i`` at slot ``slot_mapping[i]`` unless it is -1."""
@@ -157,6 +160,7 @@ def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor, value
     cache.token_view(cache.value_cache(layer))[block, offset] = value[keep].to(cache.dtype)
 
 
+# %% chapters/07_paged_kv_cache.md:263
 @triton.jit
 def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_slots,
                      stride_kn, stride_kh, stride_vn, stride_vh,
@@ -178,6 +182,7 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+# %% chapters/07_paged_kv_cache.md:292
 def _check_kv(cache: PagedKVCache, name: str, tensor: torch.Tensor, num_tokens: int) -> torch.Tensor:
     expected = (num_tokens, cache.num_kv_heads, cache.head_dim)
     if tuple(tensor.shape) != expected:
@@ -220,6 +225,7 @@ def _write(self: PagedKVCache, layer: int, key: torch.Tensor, value: torch.Tenso
         DIM_PAD=triton.next_power_of_2(self.head_dim))
 
 
+# %% chapters/07_paged_kv_cache.md:374
 def _gather(self: PagedKVCache, layer: int, block_table: Sequence[int] | torch.Tensor,
             num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``PagedKVCache.gather``: one indexing operation on the token-major view."""
@@ -237,6 +243,7 @@ def _gather(self: PagedKVCache, layer: int, block_table: Sequence[int] | torch.T
     return key.contiguous(), value.contiguous()
 
 
+# %% chapters/07_paged_kv_cache.md:460
 def _pairs(cache: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Tensor,
            num_dst_blocks: int | None = None) -> list[tuple[int, int]]:
     """Validate (src, dst) block pairs against this cache (and a destination pool's size)."""
@@ -292,6 +299,7 @@ def _copy_blocks(self: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Te
                               CHUNK=chunk)
 
 
+# %% chapters/07_paged_kv_cache.md:552
 def _check_same_geometry(a: PagedKVCache, b: PagedKVCache) -> None:
     fields = ("num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "layout")
     different = [f for f in fields if getattr(a, f) != getattr(b, f)]

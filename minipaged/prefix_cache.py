@@ -1,6 +1,7 @@
 # GENERATED from chapters/06_prefix_caching.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/06_prefix_caching.md:76
 """Prefix caching: chained block hashes, verified hits, an LRU free queue, and the engine-facing API."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class LRUFreeBlockQueue:
         del self._queue[block]
 
 
+# %% chapters/06_prefix_caching.md:142
 ROOT_HASH = 0x9E3779B97F4A7C15  # stands in for "no parent" (hash(None) varies between runs before 3.12)
 
 
@@ -74,6 +76,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+# %% chapters/06_prefix_caching.md:183
 class PrefixCachingBlockManager(SharingBlockManager):
     """The engine-facing block manager: chapter 5's sharing manager plus automatic prefix caching.
 

@@ -1,6 +1,7 @@
 # GENERATED from chapters/09_qwen3.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/09_qwen3.md:71
 """Qwen3 on the paged KV cache: a decoder whose attention writes and reads minipaged's block pool.
 
 The model reads a flat batch of new tokens (`ForwardBatch`): their ids and positions, the cache slot
@@ -129,6 +130,7 @@ def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *, dtype: torch.dtype = torch.
     return model.to(device or "cpu").eval(), tokenizer
 
 
+# %% chapters/09_qwen3.md:239
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis: fp32 statistics, cast back, then the gain."""
 
@@ -164,6 +166,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+# %% chapters/09_qwen3.md:325
 def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -248,6 +251,7 @@ class ForwardBatch:
         )
 
 
+# %% chapters/09_qwen3.md:462
 _PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA kernels prefill may use: not cuDNN, which plans its kernel anew for every new prompt length."""
 
@@ -315,6 +319,7 @@ class Qwen3PagedAttention(nn.Module):
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
+# %% chapters/09_qwen3.md:580
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
@@ -423,6 +428,7 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
+# %% chapters/09_qwen3.md:724
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager, by dtype."""
 LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1.2e-1}
@@ -467,6 +473,7 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
+# %% chapters/09_qwen3.md:831
 @dataclass
 class GreedyTrace:
     """What ``greedy_generate`` produced: tokens, the logits behind them, and the block history."""

@@ -1,6 +1,7 @@
 # GENERATED from chapters/00_runtime.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/00_runtime.md:33
 """Where minipaged runs: GPU or CPU, real sizes or small ones, compiled or interpreted kernels."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["has_gpu", "default_device", "by_device", "results_path", "uses_triton_interpreter"]
+__all__ = ["has_gpu", "default_device", "by_device", "results_path", "uses_triton_interpreter",
+           "add_to_class", "glue"]
 
 T = TypeVar("T")
 
@@ -47,3 +49,40 @@ def results_path(name: str) -> Path:
     """
     beside_package = Path(__file__).resolve().parent.parent / "results" / name
     return beside_package if beside_package.exists() else Path("results") / name
+
+
+# %% chapters/00_runtime.md:109
+def add_to_class(cls: type):
+    """Decorator: attach the decorated function (or property, staticmethod, classmethod) to ``cls``.
+
+    ``@add_to_class(Manager)`` above ``def step(self): ...`` makes ``Manager.step`` exist from then
+    on, for instances made before and after.
+    """
+
+    def attach(member):
+        function = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
+        name = function.__name__
+        setattr(cls, name, member)
+        if hasattr(member, "__set_name__"):  # e.g. functools.cached_property
+            member.__set_name__(cls, name)
+        return member
+
+    return attach
+
+
+# %% chapters/00_runtime.md:155
+def glue(name: str, value: T, display: bool = False) -> T:
+    """Hand ``value`` to the book's prose as ``{glue:text}`name``` (myst-nb), and return it.
+
+    Without myst-nb (Colab, a plain Jupyter) the value is shown when ``display`` is true.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        if display:
+            from IPython.display import display as show
+
+            show(value)
+        return value
+    myst_glue(name, value, display=display)
+    return value

@@ -1,6 +1,7 @@
 # GENERATED from chapters/10_scheduler.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/10_scheduler.md:87
 """Continuous-batching scheduler: queues, admission by blocks and tokens, preemption, abort."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# %% chapters/10_scheduler.md:181
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -128,6 +130,7 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
+# %% chapters/10_scheduler.md:259
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits and policy of the scheduler.
@@ -223,6 +226,7 @@ class SchedulerOutput:
         return not self.chunks
 
 
+# %% chapters/10_scheduler.md:383
 class Scheduler:
     """Decides, step by step, which sequences run, and reserves the cache blocks they write.
 

@@ -1,6 +1,7 @@
 # GENERATED from chapters/05_sharing.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/05_sharing.md:70
 """Shared blocks: reference counts, fork, copy-on-write, swapping to a CPU pool, debugging aids."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class BlockEvent(NamedTuple):
     detail: str = ""
 
 
+# %% chapters/05_sharing.md:114
 class SharingBlockManager(KVBlockManager):
     """A ``KVBlockManager`` whose blocks can be shared between sequences.
 
@@ -299,6 +301,7 @@ class SharingBlockManager(KVBlockManager):
         return f"CPU block {min(extra)} is outside the CPU pool" if extra else None
 
 
+# %% chapters/05_sharing.md:473
 def _replay(make_manager: Callable[[], SharingBlockManager], requests: Sequence,
             step_fn: Callable[[SharingBlockManager, object], Iterable[list[int]]]) -> float:
     """Blocks saved over blocks held without sharing, summed over every step ``step_fn`` yields.

@@ -1,6 +1,7 @@
 # GENERATED from chapters/01_kv_sizing.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
+# %% chapters/01_kv_sizing.md:49
 """KV-cache sizing: bytes per token, per request, per block, and what fits in a budget."""
 
 from __future__ import annotations

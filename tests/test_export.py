@@ -107,3 +107,108 @@ def test_all_must_be_one_literal_list(book, extra):
     chapter.write_text(chapter.read_text().replace("def answer():", f"{extra}\n\n\ndef answer():"))
     with pytest.raises(SystemExit, match="01_first.md: .*__all__"):
         export.expected_files()
+
+
+GROWN = """\
+---
+minipaged:
+  module: grown
+---
+
+# A class in three cells
+
+```{code-cell} ipython3
+:tags: [export]
+
+__all__ = ["Box"]
+
+
+class Box:
+    \"\"\"Holds one value.\"\"\"
+
+    def __init__(self, value):
+        self.value = value
+
+
+def helper():
+    return 1
+```
+
+Prose between the cells.
+
+```{code-cell} ipython3
+:tags: [export]
+
+@add_to_class(Box)
+def doubled(self):
+    \"\"\"Twice the value.\"\"\"
+    return 2 * self.value
+
+
+@add_to_class(Box)
+@property
+def negated(self):
+    return -self.value
+```
+
+```{code-cell} ipython3
+:tags: [export]
+
+@add_to_class(Box)
+def tripled(self):
+    return 3 * self.value
+```
+"""
+
+
+def grown_module(book, text=GROWN):
+    (book / "chapters" / "01_grown.md").write_text(text)
+    return export.expected_files()[book / "minipaged" / "grown.py"]
+
+
+def test_continued_cells_become_one_ordinary_class(book):
+    source = grown_module(book)
+    assert "add_to_class" not in source
+    namespace = {}
+    exec(compile(source, "grown.py", "exec"), namespace)
+    box = namespace["Box"](5)
+    assert (box.doubled(), box.negated, box.tripled()) == (10, -5, 15)
+    assert namespace["Box"].doubled.__doc__ == "Twice the value."
+    classes = [n for n in __import__("ast").parse(source).body if hasattr(n, "name")]
+    assert [n.name for n in classes] == ["Box", "helper"]  # methods went inside, helper stayed out
+    # markers lead back to the chapter: one per cell, the continued ones inside the class
+    assert source.count("# %% chapters/01_grown.md:") == 3
+    assert "    # %% chapters/01_grown.md:" in source
+
+
+def test_the_notebook_runs_the_same_class_through_add_to_class():
+    from minipaged.runtime import add_to_class
+
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    made_before = Box(2)
+
+    @add_to_class(Box)
+    @property
+    def negated(self):
+        return -self.value
+
+    @add_to_class(Box)
+    @staticmethod
+    def unit():
+        return 1
+
+    assert made_before.negated == -2 and Box.unit() == 1
+
+
+@pytest.mark.parametrize("cell, error", [
+    ("@add_to_class(Missing)\ndef f(self):\n    return 1", "no earlier export cell .* class Missing"),
+    ("@add_to_class(Box)\ndef f(self):\n    return 1\n\n\nX = 1", "only functions"),
+    ("@add_to_class(Box)\ndef f(self):\n    return '''a\nb'''", "multi-line string"),
+])
+def test_bad_continued_cells_are_refused_with_the_chapter_line(book, cell, error):
+    text = GROWN + "\n```{code-cell} ipython3\n:tags: [export]\n\n" + cell + "\n```\n"
+    with pytest.raises(SystemExit, match=f"chapters/01_grown.md:[0-9]+: .*{error}"):
+        grown_module(book, text)

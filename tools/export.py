@@ -5,9 +5,17 @@ A chapter's front matter names the module it owns::
     minipaged:
       module: sizing
 
-Every code cell tagged ``export`` is appended, in order, to ``minipaged/<module>.py``. The same run
-writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, and a first cell that
-installs the package from the repository when (and only when) it runs on Colab.
+Every code cell tagged ``export`` is appended, in order, to ``minipaged/<module>.py``, after a
+one-line marker (``# %% chapters/NN_name.md:LINE``) that leads a traceback back to the chapter.
+
+A class may grow across cells, with prose between them. A continued cell holds only functions, each
+decorated with ``@add_to_class(ClassName)`` (from ``minipaged.runtime``): in the notebook the
+decorator attaches the function to the class, and in the generated module the exporter drops the
+decorator and moves the function into the body of ``class ClassName`` (defined by an earlier export
+cell of the same chapter), so the module reads as one ordinary class.
+
+The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, and a
+first cell that installs the package from the repository when (and only when) it runs on Colab.
 
 ``python tools/export.py``          write everything
 ``python tools/export.py --check``  write nothing; exit 1 with a diff if anything is out of sync
@@ -30,6 +38,7 @@ CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "minipaged"
 NOTEBOOKS = ROOT / "notebooks"
 EXPORT_TAG = "export"
+CONTINUE_DECORATOR = "add_to_class"
 
 COLAB_CELL = '''\
 # Colab set-up: on Google Colab this clones the course repository (the package, and the recorded
@@ -67,6 +76,90 @@ def chapter_files() -> list[Path]:
     return sorted(CHAPTERS.glob("[0-9][0-9]_*.md"))
 
 
+def extended_class(source: str) -> str | None:
+    """The class a continued cell adds to, or None for an ordinary cell.
+
+    A continued cell holds only function definitions, each with ``@add_to_class(Name)`` as its
+    first (outermost) decorator, all naming the same class.
+    """
+    body = ast.parse(source).body
+    targets = []
+    for node in body:
+        first = node.decorator_list[0] if getattr(node, "decorator_list", None) else None
+        if (isinstance(first, ast.Call) and getattr(first.func, "id", None) == CONTINUE_DECORATOR
+                and len(first.args) == 1 and isinstance(first.args[0], ast.Name)):
+            targets.append(first.args[0].id)
+        else:
+            targets.append(None)
+    if not any(targets):
+        return None
+    if None in targets or len(set(targets)) > 1:
+        raise ValueError(
+            f"a cell that uses @{CONTINUE_DECORATOR} must hold only functions, each decorated "
+            f"@{CONTINUE_DECORATOR}(SameClass) first; found {sorted(set(map(str, targets)))}"
+        )
+    return targets[0]
+
+
+def _refuse_multiline_strings(source: str) -> None:
+    """Indenting a cell into a class body would change a multi-line string that is not a docstring."""
+    docstrings = set()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.Constant, ast.JoinedStr)) and id(node) not in docstrings
+                and node.lineno != node.end_lineno
+                and (isinstance(node, ast.JoinedStr) or isinstance(node.value, (str, bytes)))):
+            raise ValueError(
+                f"line {node.lineno}: a multi-line string in a continued class cell would change "
+                "when indented into the class; join single-line strings instead"
+            )
+
+
+def _method_lines(source: str) -> list[str]:
+    """A continued cell's functions as class-body lines: the decorator dropped, indented once."""
+    _refuse_multiline_strings(source)
+    lines = source.split("\n")
+    drop = set()
+    for node in ast.parse(source).body:
+        decorator = node.decorator_list[0]
+        drop.update(range(decorator.lineno - 1, decorator.end_lineno))
+    return [("    " + line) if line.strip() else "" for i, line in enumerate(lines) if i not in drop]
+
+
+def _add_to_class(blocks: list[str], name: str, marker: str, source: str) -> None:
+    """Insert a continued cell's functions at the end of ``class name`` in the blocks so far."""
+    for index in range(len(blocks) - 1, -1, -1):
+        for node in ast.parse(blocks[index]).body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                lines = blocks[index].split("\n")
+                end = node.end_lineno
+                lines[end:end] = ["", "    " + marker, *_method_lines(source)]
+                blocks[index] = "\n".join(lines)
+                return
+    raise ValueError(
+        f"@{CONTINUE_DECORATOR}({name}): no earlier export cell of this chapter defines class {name}"
+    )
+
+
+def _cell_lines(chapter: Path, sources: list[str]) -> list[int]:
+    """The line of the chapter file where each exported cell's code starts (for the markers)."""
+    text = chapter.read_text()
+    found, position = [], 0
+    for source in sources:
+        at = text.find(source, position)
+        if at < 0:
+            found.append(0)
+            continue
+        found.append(text.count("\n", 0, at) + 1)
+        position = at + len(source)
+    return found
+
+
 def export_module(chapter: Path, notebook) -> tuple[str, str] | None:
     """(module name, module source) for a chapter, or None if it exports nothing."""
     module = (notebook.metadata.get("minipaged") or {}).get("module")
@@ -82,7 +175,19 @@ def export_module(chapter: Path, notebook) -> tuple[str, str] | None:
             f"{chapter.name}: has cells tagged '{EXPORT_TAG}' but its front matter does not name a "
             "module (add `minipaged: {module: NAME}`)"
         )
-    return module, header(chapter) + "\n" + "\n\n\n".join(cells) + "\n"
+    rel = chapter.relative_to(ROOT).as_posix()
+    blocks: list[str] = []
+    for source, line in zip(cells, _cell_lines(chapter, cells)):
+        marker = f"# %% {rel}:{line}"
+        try:
+            target = extended_class(source)
+            if target is None:
+                blocks.append(f"{marker}\n{source}")
+            else:
+                _add_to_class(blocks, target, marker, source)
+        except (SyntaxError, ValueError) as error:
+            raise SystemExit(f"{rel}:{line}: {error}") from None
+    return module, header(chapter) + "\n" + "\n\n\n".join(blocks) + "\n"
 
 
 def colab_twin(notebook, url: str, branch: str) -> str:
