@@ -11,7 +11,7 @@ JOBS ?= 2
 CHAPTERS ?=
 
 .PHONY: help book test export check-sync test-unit test-chapters test-exercises check-exercises \
-        gpu-test browser-check clean
+        gpu-test gpu-status browser-check clean
 
 help:
 	@echo "make book             build the book (every chapter executed); prints where index.html is"
@@ -19,6 +19,7 @@ help:
 	@echo "make check-exercises  check YOUR answers in exercises/"
 	@echo "make export           regenerate minipaged/ and notebooks/ from chapters/"
 	@echo "make gpu-test         the GPU runner (nbval on every chapter + benchmarks) on this machine"
+	@echo "make gpu-status       which chapters changed since their last green GPU run"
 	@echo "make browser-check    build the book and check pages in headless Chromium"
 
 $(STAMP): pyproject.toml requirements/cpu.txt
@@ -55,6 +56,9 @@ book: export
 
 gpu-test:
 	OUT=$${OUT:-$(CURDIR)/gpu-out} bash tools/gpu_run.sh
+
+gpu-status:
+	$(PYTHON) tools/gpu_status.py
 
 browser-check: book
 	bash tools/browser_check.sh

@@ -6,7 +6,9 @@ const path = require("path");
 const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
 // The introduction and every chapter page: chapters after 0 must show a figure, exercises with
-// (hidden) solutions, and a Colab button to their notebook twin; math must render without errors.
+// (hidden) solutions, and a Colab button to their notebook twin; math must render without errors;
+// no code or output block may be wider than the column, every figure has a caption, and every
+// "chapter N" in the prose is a link.
 const chapters = fs.readdirSync(path.join(process.env.BOOK_DIR, "chapters"))
   .filter((f) => /^\d\d_.*\.html$/.test(f)).sort();
 const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 }].concat(
@@ -49,6 +51,26 @@ const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exer
       solutions: document.querySelectorAll(".solution").length,
       colab: [...document.querySelectorAll("a")].map((a) => a.href)
         .filter((h) => h.includes("colab.research.google.com")),
+      // Code and output must stay inside the text column (no sideways scrolling).
+      wide: [...document.querySelectorAll("article pre")]
+        .filter((el) => el.scrollWidth > el.clientWidth + 1)
+        .map((el) => el.textContent.split("\n").find((l) => l.length > 0).slice(0, 60)),
+      // Every figure a cell draws has a number and a caption.
+      uncaptioned: [...document.querySelectorAll("article .cell_output img")]
+        .filter((img) => !(img.closest("figure") && img.closest("figure").querySelector("figcaption")))
+        .length,
+      // "chapter N" in the prose is a link.
+      unlinked: (() => {
+        const found = [];
+        const article = document.querySelector("article") || document.body;
+        const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+        while (walker.nextNode()) {
+          const node = walker.currentNode;
+          if (node.parentElement.closest("a, pre, code, .cell_output, h1, h2, h3, h4")) continue;
+          for (const m of node.textContent.matchAll(/\b[Cc]hapters? \d{1,2}\b/g)) found.push(m[0]);
+        }
+        return found;
+      })(),
     }));
     await page.screenshot({ path: `screenshots/${spec.name}.png`, fullPage: false });
     const problems = [];
@@ -57,6 +79,9 @@ const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exer
     if (seen.exercises < spec.exercises || seen.solutions < seen.exercises) problems.push("exercises/solutions");
     if (seen.mathErrors > 0) problems.push("math errors");
     if (spec.colab && !seen.colab.some((h) => h.endsWith(spec.colab))) problems.push("colab link");
+    if (seen.wide.length) problems.push(`${seen.wide.length} code/output block(s) wider than the column`);
+    if (seen.uncaptioned) problems.push(`${seen.uncaptioned} figure(s) without a caption`);
+    if (seen.unlinked.length) problems.push(`${seen.unlinked.length} chapter mention(s) not linked`);
     failures += problems.length;
     console.log(JSON.stringify({ page: spec.url, ...seen, problems }));
   }

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The GPU runner: every chapter under nbval on the GPU, then the GPU benchmarks; logs and JSON in $OUT.
+# The GPU runner: every chapter under nbval on the GPU, every Triton kernel compiled for the readers'
+# cards (sm75 T4, sm80 A100, sm89 L4), then the GPU benchmarks; logs and JSON in $OUT.
 #
-#   bash tools/gpu_run.sh [chapters] [bench]      (default: both)
+#   bash tools/gpu_run.sh [chapters] [compile] [bench]      (default: all three)
 #   OUT=dir CHAPTERS="07 08" BENCHES="decode_attention" bash tools/gpu_run.sh
 #
 # On your own GPU machine: `make gpu-test` (needs the dev extras installed: `pip install -e '.[dev]'`).
 # On the course's offline H200, the Jupyter/nbval wheels travel in .whl/ (fetched with
 # ../shared/gpu/fetch-wheels.sh) and are installed into /tmp/site first.
-# At most a handful of files come back from the H200, so logs are merged: summary.json, nbval.log,
-# bench.log and one JSON per benchmark.
+# At most a handful of files come back from the H200, so logs are merged: gpu_run_<date>.json (per
+# chapter: cells passed/failed, seconds, the chapter's sha256; the commit; the compile results),
+# nbval.log, bench.log and one JSON per benchmark. Copy gpu_run_<date>.json to results/ and
+# `make gpu-status` tells which chapters changed since their last green GPU run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STEPS=${*:-chapters bench}
+STEPS=${*:-chapters compile bench}
 CHAPTERS=${CHAPTERS:-}
 BENCHES=${BENCHES:-decode_attention qwen3_decode engine policies swap_copy}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
@@ -46,10 +49,17 @@ for step in $STEPS; do
   case $step in
     chapters)
       start=$(date +%s)
-      $PY tools/run_chapters.py --jobs 1 $CHAPTERS > "$OUT/nbval.log" 2>&1
+      $PY tools/run_chapters.py --jobs 1 --json "$OUT/.chapters.json" $CHAPTERS > "$OUT/nbval.log" 2>&1
       rc=$?
       record chapters $rc $(( $(date +%s) - start ))
       tail -5 "$OUT/nbval.log"
+      ;;
+    compile)
+      start=$(date +%s)
+      $PY tools/compile_targets.py --out "$OUT" >> "$OUT/nbval.log" 2>&1
+      rc=$?
+      record compile $rc $(( $(date +%s) - start ))
+      echo "compile for sm75/sm80/sm89: exit $rc"
       ;;
     bench)
       : > "$OUT/bench.log"
@@ -64,15 +74,26 @@ for step in $STEPS; do
         echo "$script: exit $rc"
       done
       ;;
-    *) echo "unknown step $step (chapters|bench)" >&2; exit 2 ;;
+    *) echo "unknown step $step (chapters|compile|bench)" >&2; exit 2 ;;
   esac
 done
 
-{
-  echo "{\"device\": \"${device:-none}\", \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
-  echo " \"command\": \"bash tools/gpu_run.sh $STEPS\", \"steps\": ["
-  (IFS=,; echo "  ${steps_json[*]}")
-  echo "]}"
-} > "$OUT/summary.json"
-cat "$OUT/summary.json"
-! grep -q '"rc": [1-9]' "$OUT/summary.json"
+STEPS_JSON="[$(IFS=,; echo "${steps_json[*]}")]" DEVICE="${device:-none}" COMMAND="bash tools/gpu_run.sh $STEPS" \
+COMMIT="${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" OUT="$OUT" $PY - <<'PY'
+import datetime, json, os
+from pathlib import Path
+out = Path(os.environ["OUT"])
+now = datetime.datetime.now(datetime.timezone.utc)
+record = {"device": os.environ["DEVICE"], "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+          "command": os.environ["COMMAND"], "commit": os.environ["COMMIT"],
+          "steps": json.loads(os.environ["STEPS_JSON"])}
+for key, name in (("chapters", ".chapters.json"), ("compile_targets", "compile_targets.json")):
+    part = out / name
+    if part.exists():
+        record[key] = json.loads(part.read_text())
+        part.unlink()
+path = out / f"gpu_run_{now:%Y-%m-%d}.json"
+path.write_text(json.dumps(record, indent=1) + "\n")
+print(path.read_text())
+PY
+! grep -q '"rc": [1-9]' "$OUT"/gpu_run_*.json

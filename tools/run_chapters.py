@@ -8,10 +8,13 @@ On a machine without a GPU, the Triton kernels run under TRITON_INTERPRET=1 (min
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jupytext
@@ -25,6 +28,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks run in parallel")
     parser.add_argument("--cell-timeout", type=int, default=900)
     parser.add_argument("--keep", metavar="DIR", help="write the notebooks here instead of a temp dir")
+    parser.add_argument("--json", metavar="FILE",
+                        help="write per-chapter results (cells passed/failed, seconds, sha256) here")
     args = parser.parse_args()
 
     chapters = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
@@ -46,13 +51,42 @@ def main() -> int:
         ]
         if args.jobs > 1 and len(chapters) > 1:
             cmd[3:3] = ["-n", str(min(args.jobs, len(chapters))), "--dist", "loadfile"]
+        if args.json:
+            cmd += ["--junitxml", str(out / "junit.xml")]
         print(f"running {len(chapters)} chapter(s) under nbval:", " ".join(c.stem for c in chapters),
               flush=True)
         start = time.time()
         # Run from the repository root so chapters that read results/ or write figures find them.
         rc = subprocess.call(cmd, cwd=ROOT)
         print(f"chapters done in {time.time() - start:.0f} s (exit {rc})")
+        if args.json:
+            results = per_chapter(chapters, out / "junit.xml")
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+            print(f"per-chapter results in {args.json}")
         return rc
+
+
+def chapter_hash(chapter: Path) -> str:
+    """sha256 of a chapter file: which version of the chapter a recorded run executed."""
+    return hashlib.sha256(chapter.read_bytes()).hexdigest()
+
+
+def per_chapter(chapters: list[Path], junit: Path) -> dict[str, dict]:
+    """Cells passed and failed and seconds per chapter, read from pytest's JUnit XML report."""
+    results = {c.stem: {"passed": 0, "failed": 0, "seconds": 0.0, "sha256": chapter_hash(c)}
+               for c in chapters}
+    cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else []
+    for case in cases:
+        stem = case.get("classname", "").removesuffix(".ipynb").split(".")[-1]
+        if stem not in results:
+            continue
+        entry = results[stem]
+        failed = case.find("failure") is not None or case.find("error") is not None
+        entry["failed" if failed else "passed"] += 1
+        entry["seconds"] = round(entry["seconds"] + float(case.get("time", 0)), 2)
+    for entry in results.values():
+        entry["ok"] = entry["failed"] == 0 and entry["passed"] > 0
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""The GPU runner's records: per-chapter results from nbval's JUnit report, and `make gpu-status`."""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import gpu_status  # noqa: E402
+import run_chapters  # noqa: E402
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="01_a.ipynb" name="Cell 0" time="1.5" />
+<testcase classname="01_a.ipynb" name="Cell 1" time="0.5"><failure message="boom"/></testcase>
+<testcase classname="02_b.ipynb" name="Cell 0" time="2.0" />
+</testsuite></testsuites>"""
+
+
+def test_per_chapter_counts_cells_and_hashes_the_chapter(tmp_path):
+    a, b = tmp_path / "01_a.md", tmp_path / "02_b.md"
+    a.write_text("a"), b.write_text("b")
+    (tmp_path / "junit.xml").write_text(JUNIT)
+    results = run_chapters.per_chapter([a, b], tmp_path / "junit.xml")
+    assert results["01_a"] == {"passed": 1, "failed": 1, "seconds": 2.0, "ok": False,
+                               "sha256": hashlib.sha256(b"a").hexdigest()}
+    assert results["02_b"]["ok"] and results["02_b"]["passed"] == 1
+
+
+def write_run(results, date, chapters):
+    record = {"device": "GPU", "date": date, "chapters": chapters}
+    (results / f"gpu_run_{date[:10]}.json").write_text(json.dumps(record))
+
+
+def test_gpu_status_says_green_changed_failed_or_unknown(tmp_path):
+    chapter = tmp_path / "01_a.md"
+    chapter.write_text("version 1")
+    old = hashlib.sha256(b"version 1").hexdigest()
+    results = tmp_path / "results"
+    results.mkdir()
+    assert gpu_status.status(chapter, [])[0] is False
+    write_run(results, "2026-01-01T00:00:00Z", {"01_a": {"ok": True, "passed": 3, "sha256": old}})
+    runs = gpu_status.load_runs(results)
+    assert gpu_status.status(chapter, runs) == (True, "green on GPU 2026-01-01 (3 cells)")
+    chapter.write_text("version 2")
+    green, line = gpu_status.status(chapter, runs)
+    assert not green and line.startswith("CHANGED since its last green GPU run (2026-01-01)")
+    new = hashlib.sha256(b"version 2").hexdigest()
+    write_run(results, "2026-01-02T00:00:00Z",
+              {"01_a": {"ok": False, "passed": 2, "failed": 1, "sha256": new}})
+    green, line = gpu_status.status(chapter, gpu_status.load_runs(results))
+    assert not green and line.startswith("FAILED 1 cell(s)")
+
+
+def test_compile_targets_without_a_gpu_says_so_and_compiles_nothing():
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        return  # on a GPU the runner's `compile` step runs it for real
+    script = Path(__file__).resolve().parent.parent / "tools" / "compile_targets.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "no CUDA GPU here" in done.stdout

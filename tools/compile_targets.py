@@ -1,0 +1,110 @@
+"""Compile every Triton kernel of minipaged for GPUs that are not present: sm75 (T4), sm80 (A100),
+sm89 (L4).
+
+Triton compiles for any target it knows, present or not. This script records the kernels'
+specializations (signature and constants) while the GPU kernel tests run on the card that is here,
+then compiles each of them again for the readers' cards and writes what happened as JSON.
+
+    python tools/compile_targets.py --out DIR        (on a machine with an NVIDIA GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = {"sm75": 75, "sm80": 80, "sm89": 89}
+KERNEL_TESTS = ["tests/test_kv_cache.py", "tests/test_decode_attention.py"]
+USER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def find_kernels() -> dict:
+    """Every ``@triton.jit`` function defined in a module of the package, by ``module.name``."""
+    from triton.runtime.jit import JITFunction
+
+    import minipaged
+
+    found = {}
+    for info in pkgutil.iter_modules(minipaged.__path__):
+        module = importlib.import_module(f"minipaged.{info.name}")
+        for name, obj in vars(module).items():
+            while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):  # autotune wrappers
+                obj = obj.fn
+            if isinstance(obj, JITFunction) and obj.__module__ == module.__name__:
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+def record_specializations(kernels: dict) -> dict[str, dict]:
+    """Wrap each kernel's compile step so every (source, options) it compiles is kept."""
+    seen: dict[str, dict] = {name: {} for name in kernels}
+    for name, kernel in kernels.items():
+        real = kernel.compile
+
+        def compile_and_record(src, *args, _name=name, _real=real, **kwargs):
+            options = kwargs.get("options") or {}
+            key = src.hash()
+            seen[_name].setdefault(key, (src, {k: options[k] for k in USER_OPTIONS if k in options}))
+            return _real(src, *args, **kwargs)
+
+        kernel.compile = compile_and_record
+    return seen
+
+
+def compile_for_targets(seen: dict[str, dict]) -> dict[str, dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    report = {}
+    for name, specializations in seen.items():
+        entry = {"specializations": len(specializations)}
+        for label, arch in TARGETS.items():
+            errors = []
+            for src, options in specializations.values():
+                try:
+                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+                except Exception as error:  # noqa: BLE001 - recorded, not hidden
+                    errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            entry[label] = "ok" if specializations and not errors else (
+                "not exercised" if not specializations else f"{len(errors)} failed: {errors[0]}")
+        report[name] = entry
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".", help="folder for compile_targets.json")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    if not torch.cuda.is_available():
+        print("compile_targets: no CUDA GPU here; the kernels run in Triton's interpreter, "
+              "nothing to compile")
+        return 0
+    import pytest
+
+    kernels = find_kernels()
+    seen = record_specializations(kernels)
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", *(str(ROOT / t) for t in KERNEL_TESTS)])
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "triton": __import__("triton").__version__,
+        "kernel_tests_rc": int(rc),
+        "kernels": compile_for_targets(seen),
+    }
+    out = Path(args.out) / "compile_targets.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    for name, entry in report["kernels"].items():
+        print(f"{name:45s} " + "  ".join(f"{t}={entry[t][:40]}" for t in TARGETS))
+    failed = [n for n, e in report["kernels"].items() if any(e[t] != "ok" for t in TARGETS)]
+    return 1 if failed or rc else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
