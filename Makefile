@@ -5,7 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # With an NVIDIA GPU present, pip takes the default (CUDA) torch; without one, the CPU build pinned in
-# requirements/cpu.txt, so CI never downloads a multi-GB CUDA build.
+# requirements/cpu.txt, so CI never downloads a multi-GB CUDA build. Where the default package index
+# serves only CUDA builds of that torch (PyPI on Linux), add PyTorch's CPU index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 JOBS ?= 2
 CHAPTERS ?=
@@ -25,7 +28,8 @@ help:
 $(STAMP): pyproject.toml requirements/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@if [ -z "$(HAS_GPU)" ]; then $(PY) -m pip install -q -r requirements/cpu.txt; fi
+	@if [ -z "$(HAS_GPU)" ]; then \
+	  $(PY) -m pip install -q -r requirements/cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)); fi
 	$(PY) -m pip install -q -e '.[dev,book]'
 	@touch $@
 

@@ -49,9 +49,10 @@ if "google.colab" in sys.modules:
     import os
     import subprocess
 
-    repo = "/content/minipaged"
+    url = os.environ.get("MINIPAGED_REPO_URL", "{url}")  # a fork: set this, or _config.yml
+    repo = os.path.abspath("minipaged")  # /content/minipaged on Colab
     if not os.path.exists(repo):
-        subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}", "{url}", repo],
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}", url, repo],
                        check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", repo], check=True)
     sys.path.insert(0, repo)  # the running kernel does not see a fresh editable install otherwise'''
