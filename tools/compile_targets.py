@@ -41,18 +41,34 @@ def find_kernels() -> dict:
 
 
 def record_specializations(kernels: dict) -> dict[str, dict]:
-    """Wrap each kernel's compile step so every (source, options) it compiles is kept."""
+    """Wrap Triton's compile step so every (source, options) compiled for a kernel is kept.
+
+    Depending on the Triton release the JIT calls ``self.compile`` or the ``compile`` function
+    of ``triton.runtime.jit``; both are wrapped.
+    """
+    import triton
+    import triton.runtime.jit as jit_module
+
     seen: dict[str, dict] = {name: {} for name in kernels}
-    for name, kernel in kernels.items():
-        real = kernel.compile
+    names = {id(kernel): name for name, kernel in kernels.items()}
 
-        def compile_and_record(src, *args, _name=name, _real=real, **kwargs):
-            options = kwargs.get("options") or {}
-            key = src.hash()
-            seen[_name].setdefault(key, (src, {k: options[k] for k in USER_OPTIONS if k in options}))
-            return _real(src, *args, **kwargs)
+    def wrap(real):
+        def compile_and_record(src, *args, **kwargs):
+            name = names.get(id(getattr(src, "fn", None)))
+            if name is not None:
+                options = kwargs.get("options") or {}
+                user = {k: options[k] for k in USER_OPTIONS if k in options}
+                seen[name].setdefault(src.hash(), (src, user))
+            return real(src, *args, **kwargs)
+        return compile_and_record
 
-        kernel.compile = compile_and_record
+    if hasattr(jit_module, "compile"):
+        jit_module.compile = wrap(jit_module.compile)
+    for kernel in kernels.values():
+        if "compile" in vars(kernel):
+            kernel.compile = wrap(kernel.compile)
+    if not hasattr(jit_module, "compile") and not any("compile" in vars(k) for k in kernels.values()):
+        raise RuntimeError(f"triton {triton.__version__}: found no compile step to record from")
     return seen
 
 
