@@ -62,13 +62,18 @@ def record_specializations(kernels: dict) -> dict[str, dict]:
             return real(src, *args, **kwargs)
         return compile_and_record
 
-    if hasattr(jit_module, "compile"):
-        jit_module.compile = wrap(jit_module.compile)
+    # The JIT binds ``compile`` when a kernel first runs (``from ..compiler import compile``), so
+    # wrapping it where it is imported from, before any kernel runs, catches every release.
+    import triton.compiler as compiler_package
+    import triton.compiler.compiler as compiler_module
+
+    wrapped = wrap(compiler_module.compile)
+    for holder in (compiler_module, compiler_package, triton, jit_module):
+        if hasattr(holder, "compile"):
+            holder.compile = wrapped
     for kernel in kernels.values():
         if "compile" in vars(kernel):
-            kernel.compile = wrap(kernel.compile)
-    if not hasattr(jit_module, "compile") and not any("compile" in vars(k) for k in kernels.values()):
-        raise RuntimeError(f"triton {triton.__version__}: found no compile step to record from")
+            kernel.compile = wrapped
     return seen
 
 
