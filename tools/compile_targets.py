@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"sm75": 75, "sm80": 80, "sm89": 89}
 KERNEL_TESTS = ["tests/test_kv_cache.py", "tests/test_decode_attention.py"]
 USER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+REAL_COMPILE = None  # Triton's own compile, kept when record_specializations wraps it
 
 
 def find_kernels() -> dict:
@@ -43,8 +44,7 @@ def find_kernels() -> dict:
 def record_specializations(kernels: dict) -> dict[str, dict]:
     """Wrap Triton's compile step so every (source, options) compiled for a kernel is kept.
 
-    Depending on the Triton release the JIT calls ``self.compile`` or the ``compile`` function
-    of ``triton.runtime.jit``; both are wrapped.
+    The JIT binds ``compile`` when a kernel first runs, so this must run before any kernel does.
     """
     import triton
     import triton.runtime.jit as jit_module
@@ -67,7 +67,9 @@ def record_specializations(kernels: dict) -> dict[str, dict]:
     import triton.compiler as compiler_package
     import triton.compiler.compiler as compiler_module
 
-    wrapped = wrap(compiler_module.compile)
+    global REAL_COMPILE
+    REAL_COMPILE = compiler_module.compile
+    wrapped = wrap(REAL_COMPILE)
     for holder in (compiler_module, compiler_package, triton, jit_module):
         if hasattr(holder, "compile"):
             holder.compile = wrapped
@@ -78,7 +80,6 @@ def record_specializations(kernels: dict) -> dict[str, dict]:
 
 
 def compile_for_targets(seen: dict[str, dict]) -> dict[str, dict]:
-    import triton
     from triton.backends.compiler import GPUTarget
 
     report = {}
@@ -88,7 +89,7 @@ def compile_for_targets(seen: dict[str, dict]) -> dict[str, dict]:
             errors = []
             for src, options in specializations.values():
                 try:
-                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+                    REAL_COMPILE(src, target=GPUTarget("cuda", arch, 32), options=options)
                 except Exception as error:  # noqa: BLE001 - recorded, not hidden
                     errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
             entry[label] = "ok" if specializations and not errors else (
