@@ -2,8 +2,10 @@
 sm89 (L4).
 
 Triton compiles for any target it knows, present or not. This script records the kernels'
-specializations (signature and constants) while the GPU kernel tests run on the card that is here,
-then compiles each of them again for the readers' cards and writes what happened as JSON.
+specializations (signature and constants) while it calls every kernel once through the package's
+public API on the card that is here (each cache dtype, head dims 64 and 128, decode attention with
+and without split-KV), then compiles each of them again for the readers' cards and writes what
+happened as JSON.
 
     python tools/compile_targets.py --out DIR        (on a machine with an NVIDIA GPU)
 """
@@ -19,7 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"sm75": 75, "sm80": 80, "sm89": 89}
-KERNEL_TESTS = ["tests/test_kv_cache.py", "tests/test_decode_attention.py"]
 USER_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 REAL_COMPILE = None  # Triton's own compile, kept when record_specializations wraps it
 
@@ -79,6 +80,28 @@ def record_specializations(kernels: dict) -> dict[str, dict]:
     return seen
 
 
+def exercise_kernels() -> None:
+    """Call every kernel once per dtype and head size on the GPU here (small sizes)."""
+    import torch
+
+    from minipaged.decode_attention import paged_attention
+    from minipaged.kv_cache import PagedKVCache
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for head_dim in (64, 128):
+            cache = PagedKVCache(1, 80, 16, 2, head_dim, dtype=dtype, device="cuda")
+            tokens = 1000
+            key = torch.randn(tokens, 2, head_dim, device="cuda", dtype=dtype)
+            cache.write(0, key, torch.randn_like(key), torch.arange(tokens, device="cuda"))
+            cache.copy_blocks([(0, 70)])
+            query = torch.randn(2, 8, head_dim, device="cuda", dtype=dtype)
+            tables = torch.arange(64, device="cuda", dtype=torch.int32).repeat(2, 1)
+            lens = torch.tensor([tokens, 37], device="cuda", dtype=torch.int32)
+            for splits in (1, 4):
+                paged_attention(query, cache, 0, tables, lens, num_splits=splits)
+    torch.cuda.synchronize()
+
+
 def compile_for_targets(seen: dict[str, dict]) -> dict[str, dict]:
     from triton.backends.compiler import GPUTarget
 
@@ -109,15 +132,12 @@ def main() -> int:
         print("compile_targets: no CUDA GPU here; the kernels run in Triton's interpreter, "
               "nothing to compile")
         return 0
-    import pytest
-
     kernels = find_kernels()
     seen = record_specializations(kernels)
-    rc = pytest.main(["-q", "-p", "no:cacheprovider", *(str(ROOT / t) for t in KERNEL_TESTS)])
+    exercise_kernels()
     report = {
         "device": torch.cuda.get_device_name(),
         "triton": __import__("triton").__version__,
-        "kernel_tests_rc": int(rc),
         "kernels": compile_for_targets(seen),
     }
     out = Path(args.out) / "compile_targets.json"
@@ -125,7 +145,7 @@ def main() -> int:
     for name, entry in report["kernels"].items():
         print(f"{name:45s} " + "  ".join(f"{t}={entry[t][:40]}" for t in TARGETS))
     failed = [n for n, e in report["kernels"].items() if any(e[t] != "ok" for t in TARGETS)]
-    return 1 if failed or rc else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
