@@ -1,7 +1,7 @@
 # GENERATED from chapters/04_block_manager.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/04_block_manager.md:120
+# %% chapters/04_block_manager.md:121
 """The block manager: a free list, block tables, slot mapping, atomic step reservation.
 
 ``TeachingBlockManager`` is the smallest manager that works; ``KVBlockManager`` is the
@@ -52,7 +52,7 @@ class NoFreeBlocksError(BlockManagerError, MemoryError):
             "tokens.")
 
 
-# %% chapters/04_block_manager.md:173
+# %% chapters/04_block_manager.md:174
 class TeachingBlockManager:
     """The smallest working block manager: a free list, a table and a length per
     request.
@@ -84,7 +84,7 @@ class TeachingBlockManager:
         del self.lengths[request]
 
 
-# %% chapters/04_block_manager.md:270
+# %% chapters/04_block_manager.md:271
 class UnknownSequenceError(BlockManagerError, KeyError):
     """An operation named a sequence the manager does not hold."""
 
@@ -102,7 +102,8 @@ class DoubleReleaseError(UnknownSequenceError):
 
     def __init__(self, seq_id: Hashable) -> None:
         super().__init__(seq_id, "it was already released (a second release would "
-                                 "free its blocks twice); release each sequence once")
+                                 "free its blocks twice); release each sequence "
+                                 "exactly once")
 
 
 class SequenceExistsError(BlockManagerError, ValueError):
@@ -124,7 +125,7 @@ class StepPendingError(BlockManagerError, RuntimeError):
             "commit_step() or abort_step() first")
 
 
-# %% chapters/04_block_manager.md:319
+# %% chapters/04_block_manager.md:321
 @dataclass
 class SequenceState:
     """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved."""
@@ -163,7 +164,7 @@ class FreeBlockList:
         self._queue.appendleft(block)
 
 
-# %% chapters/04_block_manager.md:364
+# %% chapters/04_block_manager.md:366
 class KVBlockManager:
     """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every table.
 
@@ -207,7 +208,7 @@ class KVBlockManager:
         """Undo ``_take_blocks`` for one block (blocks come back in reverse order)."""
         self._free.unpop(block)
 
-    # %% chapters/04_block_manager.md:434
+    # %% chapters/04_block_manager.md:436
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -235,7 +236,7 @@ class KVBlockManager:
         """Tokens of the sequence whose KV is in the cache (committed steps only)."""
         return self._state(seq_id).length
 
-    # %% chapters/04_block_manager.md:471
+    # %% chapters/04_block_manager.md:473
     def _check_no_step(self, what: str) -> None:
         if self._pending is not None:
             raise StepPendingError(what)
@@ -259,7 +260,7 @@ class KVBlockManager:
         if len(self._released) > self._RELEASED_MEMORY:
             self._released.popitem(last=False)
 
-    # %% chapters/04_block_manager.md:506
+    # %% chapters/04_block_manager.md:508
     def first_inconsistency(self) -> str | None:
         """None if every invariant holds, else a sentence naming the first bad block."""
         free = list(self._free)
@@ -295,7 +296,7 @@ class KVBlockManager:
         storage is right."""
         return self.first_inconsistency() is None and self._storage_inconsistency() is None
 
-    # %% chapters/04_block_manager.md:598
+    # %% chapters/04_block_manager.md:600
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
         """Free blocks that writing ``count`` more tokens into ``state`` takes."""
         tokens = state.length + state.reserved + count
@@ -316,7 +317,7 @@ class KVBlockManager:
         return sum(len(st.block_table) * self.block_size - st.length - st.reserved
                    for st in self._seqs.values())
 
-    # %% chapters/04_block_manager.md:754
+    # %% chapters/04_block_manager.md:756
     def reserve_step(self, num_new_tokens: Mapping[Hashable, int] | Iterable[Hashable]
                      ) -> StepReservation:
         """Take every block a step needs, or raise ``NoFreeBlocksError`` and change nothing.
@@ -363,7 +364,7 @@ class KVBlockManager:
         new_blocks_for = self._new_blocks_for
         return [new_blocks_for(st, n) for st, n in zip(states, counts)]
 
-    # %% chapters/04_block_manager.md:810
+    # %% chapters/04_block_manager.md:812
     def _grow(self, state: SequenceState, k: int, undo: list[tuple],
               copies: list) -> list[int]:
         """Append ``k`` fresh blocks to the table; log ``("grow", state, blocks)``."""
@@ -387,12 +388,13 @@ class KVBlockManager:
         for state in states:
             state.reserved = 0
 
-    # %% chapters/04_block_manager.md:868
+    # %% chapters/04_block_manager.md:870
     def _check_pending(self, reservation: StepReservation) -> None:
         if self._pending is None or reservation.step_id != self._pending.step_id:
             pending = "none" if self._pending is None else self._pending.step_id
             wrong = f"step {reservation.step_id} is not the reserved step ({pending})"
-            raise BlockManagerError(wrong + ": commit or abort each reservation once")
+            rule = ": commit or abort each reservation exactly once"
+            raise BlockManagerError(wrong + rule)
 
     def commit_step(self, reservation: StepReservation) -> None:
         """The model wrote the step's tokens: advance every sequence's length."""
@@ -427,7 +429,7 @@ class KVBlockManager:
         self.commit_step(reservation)
         return reservation.slot_mapping.tolist()
 
-    # %% chapters/04_block_manager.md:995
+    # %% chapters/04_block_manager.md:998
     def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
                             device: torch.device | str | None = None) -> torch.Tensor:
         """int32 [len(seq_ids)]: tokens attention reads, with the pending step's."""
@@ -435,7 +437,7 @@ class KVBlockManager:
         lens = torch.tensor([st.length + st.reserved for st in states], dtype=torch.int32)
         return lens.to(device) if device is not None else lens
 
-    # %% chapters/04_block_manager.md:1539
+    # %% chapters/04_block_manager.md:1544
     def _make_live_sequences(self) -> LiveSequences:
         """The live sequences, their block tables mirrored in one persistent array."""
         return LiveSequences(BlockTableArray())
@@ -458,7 +460,7 @@ class KVBlockManager:
         out = torch.from_numpy(self._seqs.mirror.gather(self._seqs.rows(states), pad_value))
         return out.to(device) if device is not None else out
 
-    # %% chapters/04_block_manager.md:1572
+    # %% chapters/04_block_manager.md:1577
     def _describe_step(self, states: list[SequenceState], counts: list[int],
                        new_blocks: dict[Hashable, list[int]],
                        seq_ids: tuple[Hashable, ...] | None = None) -> StepReservation:
@@ -486,7 +488,7 @@ class KVBlockManager:
             new_blocks=new_blocks, states=states)
 
 
-# %% chapters/04_block_manager.md:721
+# %% chapters/04_block_manager.md:723
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, held until commit or abort.
@@ -513,7 +515,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
-# %% chapters/04_block_manager.md:1167
+# %% chapters/04_block_manager.md:1172
 def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
                          first_blocks: Sequence[int],
                          starts: Sequence[int], counts: Sequence[int],
@@ -539,7 +541,7 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
     return blocks * block_size + positions % block_size
 
 
-# %% chapters/04_block_manager.md:1221
+# %% chapters/04_block_manager.md:1225
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table.
 
@@ -584,7 +586,7 @@ class BlockTableArray:
         self._free_rows.append(row)
         table._mirror = table._row = None
 
-    # %% chapters/04_block_manager.md:1272
+    # %% chapters/04_block_manager.md:1276
     def sync(self, row: int, table: Sequence[int], start: int) -> None:
         """Row ``row`` := ``table``, rewriting entries from ``start`` on."""
         old, new = int(self.lengths[row]), len(table)
@@ -606,7 +608,7 @@ class BlockTableArray:
         return out
 
 
-# %% chapters/04_block_manager.md:1303
+# %% chapters/04_block_manager.md:1307
 class BlockTable(list):
     """A sequence's block table: a list of block ids that writes every change through to
     its row of a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
@@ -653,7 +655,7 @@ class BlockTable(list):
         self._sync(0)
         return self
 
-    # %% chapters/04_block_manager.md:1355
+    # %% chapters/04_block_manager.md:1359
     def pop(self, index: int = -1) -> int:
         block = super(BlockTable, self).pop(index)
         self._sync(0)
@@ -680,7 +682,7 @@ class BlockTable(list):
         self._sync(0)
 
 
-# %% chapters/04_block_manager.md:1393
+# %% chapters/04_block_manager.md:1397
 class LiveSequences(dict):
     """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets
     its block table attached to a row of ``mirror``, and every state that leaves gives
@@ -736,7 +738,7 @@ class LiveSequences(dict):
         for seq_id, state in dict(*args, **kwargs).items():
             self[seq_id] = state
 
-    # %% chapters/04_block_manager.md:1455
+    # %% chapters/04_block_manager.md:1459
     def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
         """The mirror rows of ``states`` (re-attaching a table replaced by a plain list)."""
         try:
@@ -753,7 +755,8 @@ class LiveSequences(dict):
         for seq_id, state in self.items():
             table = state.block_table
             if type(table) is not BlockTable or table._mirror is not mirror:
-                return f"sequence {seq_id!r}: its block table is not attached to the array"
+                what = "its block table is not attached to the table array"
+                return f"sequence {seq_id!r}: {what}"
             if table._row in used:
                 where = f"sequence {seq_id!r}: row {table._row} of the table array"
                 return f"{where} is used twice"
