@@ -1,17 +1,16 @@
 """Time the block manager's per-step work for a decode step of 256 running sequences.
 
     python benchmarks/bench_slot_mapping.py [--num-seqs 256] [--block-size 16] [--repeats 2000]
-                                            [--baseline GIT_REV] [--rounds 5]
 
-Prints one JSON object and writes it to results/slot_mapping_cpu.json. Measured per step:
-reserve_step (the step's new blocks and its slot mapping) + commit_step of chapter 4's
-KVBlockManager; compute_slot_mapping alone; the step's slot mapping gathered from the manager's table
-array with NumPy (what ``reserve_step`` does) and with chapter 3's ``slots_for_positions`` on the
-same array; the batch's block-table tensor; and the same step on
-chapter 6's engine-facing PrefixCachingBlockManager, including telling it each sequence's sampled
-token. ``--baseline REV`` also measures the package as it was at git revision REV: the two versions
-run in alternating subprocesses (``--rounds`` each, interleaved, so both see the same machine load)
-and the record gets a "comparison" with the median of each variant.
+Prints one JSON object and writes it to results/slot_mapping_cpu.json. Measured per step, each
+once, in this process: reserve_step (the step's new blocks and its slot mapping) + commit_step of
+chapter 4's KVBlockManager; the step's slot mapping computed three ways (a Python formula per
+token, compute_slot_mapping on table slices, a NumPy gather from the manager's table array) and
+the same gather with chapter 3's ``slots_for_positions``; the slot mapping of a prefill-sized
+step (8 x 1,024 tokens) by a Python formula, compute_slot_mapping and the gather; the batch's
+block-table tensor built from the 256 table lists (the first version in chapter 4) and gathered
+from the table array (``get_block_table_tensor``); and the same step on chapter 6's engine-facing
+PrefixCachingBlockManager, including telling it each sequence's sampled token.
 """
 
 from __future__ import annotations
@@ -20,12 +19,8 @@ import argparse
 import datetime as dt
 import json
 import platform
-import io
 import statistics
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,16 +28,14 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__" and "--package-root" in sys.argv:  # a worker measuring another version
-    sys.path.insert(0, sys.argv[sys.argv.index("--package-root") + 1])
-else:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
 
 from minipaged.block_manager import KVBlockManager, compute_slot_mapping  # noqa: E402
 from minipaged.block_table import slots_for_positions  # noqa: E402
 from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
 
 TARGET_US = 500
+PREFILL_SEQS, PREFILL_TOKENS = 8, 1024  # a prefill step of 8 prompts of 1,024 tokens
 
 
 def cpu_model() -> str:
@@ -55,35 +48,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-METRICS = ("step_us_median", "slot_mapping_us_median", "mirror_gather_us_median",
-           "ch3_slots_for_positions_us_median", "block_table_tensor_us_median",
-           "prefix_caching_step_us_median")
-
-
-def compare(args: argparse.Namespace) -> dict:
-    """Medians of the working tree and of ``args.baseline``, measured in interleaved subprocesses."""
-    runs: dict[str, dict[str, list[float]]] = {"baseline": {}, "current": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.baseline,
-                                  "minipaged"], check=True, capture_output=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
-        roots = {"baseline": tmp, "current": str(ROOT)}
-        for _ in range(args.rounds):
-            for variant, root in roots.items():
-                run = subprocess.run(
-                    [sys.executable, __file__, "--worker", "--package-root", root, "--num-seqs",
-                     str(args.num_seqs), "--block-size", str(args.block_size), "--repeats",
-                     str(args.repeats), "--seed", str(args.seed)],
-                    check=True, capture_output=True, text=True)
-                record = json.loads(run.stdout)
-                for key in METRICS:
-                    runs[variant].setdefault(key, []).append(record[key])
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.baseline], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    return {"baseline_rev": args.baseline, "baseline_commit": commit, "rounds": args.rounds,
-            "median_us": {v: {k: statistics.median(x) for k, x in m.items()} for v, m in runs.items()},
-            "round_medians_us": runs}
+def tensor_from_lists(manager: KVBlockManager, seq_ids: list) -> torch.Tensor:
+    """The batch's block-table tensor built row by row from the tables (the first version
+    of ``get_block_table_tensor`` in chapter 4)."""
+    tables = [manager.block_table(s) for s in seq_ids]
+    out = np.zeros((len(tables), max(map(len, tables), default=0)), dtype=np.int32)
+    for row, table in enumerate(tables):
+        out[row, :len(table)] = table
+    return torch.from_numpy(out)
 
 
 def main() -> int:
@@ -93,10 +65,6 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "results" / "slot_mapping_cpu.json"))
-    parser.add_argument("--baseline", help="git revision to measure side by side with the working tree")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--package-root", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)
@@ -123,25 +91,32 @@ def main() -> int:
         manager.get_block_table_tensor(batch)
         table_s.append(time.perf_counter() - start)
 
+    lists_s = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        tensor_from_lists(manager, batch)
+        lists_s.append(time.perf_counter() - start)
+    assert torch.equal(tensor_from_lists(manager, batch), manager.get_block_table_tensor(batch))
+
     tables = [manager.block_table(s) for s in batch]
     lengths = [manager.sequence_length(s) - 1 for s in batch]  # the last written token of each
+    python_s = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        python_slots = torch.tensor([t[n // bs] * bs + n % bs for t, n in zip(tables, lengths)],
+                                    dtype=torch.int64)
+        python_s.append(time.perf_counter() - start)
     for _ in range(args.repeats):
         start = time.perf_counter()
         firsts = [t // bs for t in lengths]
-        compute_slot_mapping([t[f:f + 1] for t, f in zip(tables, firsts)], firsts, lengths,
-                             [1] * len(batch), bs)
+        numpy_slots = compute_slot_mapping([t[f:f + 1] for t, f in zip(tables, firsts)], firsts,
+                                           lengths, [1] * len(batch), bs)
         map_s.append(time.perf_counter() - start)
+    assert python_slots.tolist() == numpy_slots.tolist()
 
     # The same decode slot mapping from the manager's table array: NumPy, then chapter 3's function.
-    # (A revision from before the table array gets the same tables padded into one array instead.)
-    if hasattr(manager._seqs, "mirror"):
-        array = manager._seqs.mirror.array
-        rows = manager._seqs.rows([manager._seqs[s] for s in batch])
-    else:
-        array = np.zeros((len(tables), max(map(len, tables))), dtype=np.int32)
-        for row, table in enumerate(tables):
-            array[row, :len(table)] = table
-        rows = np.arange(len(tables), dtype=np.intp)
+    array = manager._seqs.mirror.array
+    rows = manager._seqs.rows([manager._seqs[s] for s in batch])
     positions = np.asarray(lengths, dtype=np.int64)
     rows_t, positions_t = torch.from_numpy(rows), torch.from_numpy(positions)
     gather_s, ch3_s = [], []
@@ -152,7 +127,29 @@ def main() -> int:
         start = time.perf_counter()
         ch3_slots = slots_for_positions(torch.from_numpy(array), positions_t, bs, rows=rows_t)
         ch3_s.append(time.perf_counter() - start)
-    assert torch.equal(numpy_slots, ch3_slots)
+    assert torch.equal(numpy_slots, ch3_slots) and torch.equal(numpy_slots, python_slots)
+
+    # A prefill-sized step: the first PREFILL_TOKENS positions of PREFILL_SEQS sequences.
+    pre = sorted(range(len(batch)), key=lambda i: -lengths[i])[:PREFILL_SEQS]
+    n_pre = min([PREFILL_TOKENS] + [lengths[i] + 1 for i in pre])  # fewer only in tiny runs
+    pre_rows = np.repeat(rows[pre], n_pre)
+    pre_pos = np.tile(np.arange(n_pre, dtype=np.int64), len(pre))
+    pre_python_s, pre_numpy_s, pre_gather_s = [], [], []
+    for _ in range(max(args.repeats // 10, 1)):
+        start = time.perf_counter()
+        python_pre = torch.tensor([tables[i][t // bs] * bs + t % bs for i in pre
+                                   for t in range(n_pre)], dtype=torch.int64)
+        pre_python_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        blocks_pre = -(-n_pre // bs)
+        numpy_pre = compute_slot_mapping([tables[i][:blocks_pre] for i in pre], [0] * len(pre),
+                                         [0] * len(pre), [n_pre] * len(pre), bs)
+        pre_numpy_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        gather_pre = torch.from_numpy(array[pre_rows, pre_pos // bs].astype(np.int64) * bs
+                                      + pre_pos % bs)
+        pre_gather_s.append(time.perf_counter() - start)
+    assert python_pre.tolist() == numpy_pre.tolist() == gather_pre.tolist()
 
     prefix = PrefixCachingBlockManager(blocks, bs, event_log_size=0)
     for seq, prompt in zip(batch, prompts):
@@ -178,26 +175,31 @@ def main() -> int:
         "repeats": args.repeats,
         "step_us_median": statistics.median(step_s) * 1e6,
         "step_us_p90": float(np.percentile(step_s, 90) * 1e6),
+        "slot_mapping_python_us_median": statistics.median(python_s) * 1e6,
         "slot_mapping_us_median": statistics.median(map_s) * 1e6,
         "mirror_gather_us_median": statistics.median(gather_s) * 1e6,
         "ch3_slots_for_positions_us_median": statistics.median(ch3_s) * 1e6,
+        "prefill_tokens": len(pre) * n_pre,
+        "prefill_slots_python_us_median": statistics.median(pre_python_s) * 1e6,
+        "prefill_slots_numpy_us_median": statistics.median(pre_numpy_s) * 1e6,
+        "prefill_slots_gather_us_median": statistics.median(pre_gather_s) * 1e6,
+        "block_table_from_lists_us_median": statistics.median(lists_s) * 1e6,
         "block_table_tensor_us_median": statistics.median(table_s) * 1e6,
         "prefix_caching_step_us_median": statistics.median(prefix_s) * 1e6,
         "target_us": TARGET_US,
         "note": "step = reserve_step + commit_step of a one-token decode step for every sequence "
-                "(KVBlockManager); mirror_gather and ch3_slots_for_positions = that step's slot "
-                "mapping from the manager's table array, NumPy vs chapter 3's torch function; "
-                "block_table_tensor = get_block_table_tensor of the 256 sequences; "
+                "(KVBlockManager); slot_mapping_python, slot_mapping (compute_slot_mapping on "
+                "table slices), mirror_gather and ch3_slots_for_positions = that step's slot "
+                "mapping, the last two from the manager's table array; block_table_from_lists = "
+                "the padded tensor built row by row from the 256 tables, block_table_tensor = "
+                "get_block_table_tensor (one gather from the table array); prefill_slots_* = the "
+                "slot mapping of 8 sequences x 1,024 tokens: a Python formula per token, "
+                "compute_slot_mapping, the gather from the table array; "
                 "prefix_caching_step adds append_token_ids per sequence and block "
                 "registration (PrefixCachingBlockManager, event log off); the 2-core machine was "
                 "shared with other jobs while this ran",
     }
     record["meets_target"] = record["step_us_median"] < TARGET_US
-    if args.worker:
-        print(json.dumps(record))
-        return 0
-    if args.baseline:
-        record["comparison"] = compare(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record))

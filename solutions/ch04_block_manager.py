@@ -1,9 +1,6 @@
 """Chapter 4 reference solutions."""
 
-
-def conserved(num_blocks: int, free_blocks: list[int], tables: dict[str, list[int]]) -> bool:
-    everywhere = list(free_blocks) + [block for table in tables.values() for block in table]
-    return sorted(everywhere) == list(range(num_blocks))
+from minipaged.block_manager import TeachingBlockManager
 
 
 def blocks_for_step(lengths: list[int], new_tokens: list[int], block_size: int) -> int:
@@ -12,6 +9,19 @@ def blocks_for_step(lengths: list[int], new_tokens: list[int], block_size: int) 
     return sum(ceil(length + n) - ceil(length) for length, n in zip(lengths, new_tokens))
 
 
-def decode_slot_mapping(tables: list[list[int]], lengths: list[int], block_size: int) -> list[int]:
-    return [table[length // block_size] * block_size + length % block_size
-            for table, length in zip(tables, lengths)]
+class AtomicTeachingManager(TeachingBlockManager):
+    def step(self, requests: list) -> list[int]:
+        free_list = list(self.free_list)
+        saved = {r: (self.tables[r], self.lengths[r]) if r in self.tables else None
+                 for r in requests}
+        try:
+            return [self.append(r) for r in requests]
+        except BaseException:
+            self.free_list[:] = free_list
+            for r, entry in saved.items():
+                if entry is None:
+                    self.tables.pop(r, None)
+                    self.lengths.pop(r, None)
+                else:
+                    self.tables[r], self.lengths[r] = entry
+            raise
