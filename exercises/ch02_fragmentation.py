@@ -23,3 +23,18 @@ def first_fit(holes: list[tuple[int, int]], size: int) -> int | None:
     for a request of `size` slots, or None if no hole is large enough."""
     raise NotImplementedError("Exercise 2.3: return where first fit places the request "
                               "(edit exercises/ch02_fragmentation.py, first_fit)")
+
+
+from minipaged.fragmentation import FirstFitAllocator  # noqa: E402
+
+
+class BestFitAllocator(FirstFitAllocator):
+    """Exercise 2.4: chapter 2's heap, except that `allocate` takes the smallest free hole that
+    is large enough (the lowest address among holes of that size). `free`, `holes` and
+    `largest_hole` are inherited: keep `_starts`, `_sizes`, `_regions` and `free_tokens` the
+    way they expect."""
+
+    def allocate(self, size: int) -> int | None:
+        raise NotImplementedError("Exercise 2.4: hand out the region from the best-fitting hole "
+                                  "(edit exercises/ch02_fragmentation.py, "
+                                  "BestFitAllocator.allocate)")

@@ -100,7 +100,7 @@ def last_block_waste(length: int, block_size: int) -> int:
     return blocks_needed(length, block_size) * block_size - length
 
 
-# %% chapters/03_block_tables.md:370
+# %% chapters/03_block_tables.md:382
 def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded.
@@ -155,7 +155,7 @@ def slots_for_range(block_table: Sequence[int] | torch.Tensor, start: int, count
                                rows=torch.zeros_like(positions))
 
 
-# %% chapters/03_block_tables.md:502
+# %% chapters/03_block_tables.md:514
 def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list[dict]:
     """For each block size: last-block waste (total, and as a share of allocated slots),
     mean and largest table length, and blocks needed, for sequences of these lengths.
@@ -179,7 +179,7 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
     return rows
 
 
-# %% chapters/03_block_tables.md:655
+# %% chapters/03_block_tables.md:667
 def memory_map(tables: Mapping[object, Sequence[int]], num_blocks: int) -> np.ndarray:
     """Owner of every physical block: the index (in ``tables`` order) of the sequence
     whose table holds it, or -1 if free. Raises ``BlockTableError`` if a block is out of

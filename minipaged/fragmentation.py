@@ -56,7 +56,7 @@ def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
                      "choose max, pow2 or oracle")
 
 
-# %% chapters/02_fragmentation.md:332
+# %% chapters/02_fragmentation.md:341
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a workload: arrival (in decode steps) and its token counts."""
@@ -90,7 +90,7 @@ WORKLOADS = {
 }
 
 
-# %% chapters/02_fragmentation.md:370
+# %% chapters/02_fragmentation.md:379
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -122,7 +122,7 @@ def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
     return (low + high) / 2
 
 
-# %% chapters/02_fragmentation.md:407
+# %% chapters/02_fragmentation.md:416
 def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int,
              n: int) -> np.ndarray:
     mu = fit_lognormal_mu(mean, sigma, cap)
@@ -167,7 +167,7 @@ def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: in
             for a, p, o in zip(arrivals, prompt, output)]
 
 
-# %% chapters/02_fragmentation.md:511
+# %% chapters/02_fragmentation.md:520
 class FirstFitAllocator:
     """Contiguous regions of a ``capacity``-token space: first fit, free neighbours
     merged."""
@@ -206,7 +206,7 @@ class FirstFitAllocator:
         """Size of the largest free hole: the largest region it can allocate now."""
         return max(self._sizes, default=0)
 
-    # %% chapters/02_fragmentation.md:557
+    # %% chapters/02_fragmentation.md:566
     def free(self, start: int) -> None:
         """Return the region that starts at ``start``; merge it with free neighbours."""
         if start not in self._regions:
@@ -224,7 +224,7 @@ class FirstFitAllocator:
             del self._starts[i]
 
 
-# %% chapters/02_fragmentation.md:681
+# %% chapters/02_fragmentation.md:690
 _STATES = ("token_states", "reservation", "internal",
            "external", "headroom", "blocked", "free")
 _SERIES = _STATES + ("running", "waiting")
@@ -283,7 +283,7 @@ class SimulationResult:
         }
 
 
-# %% chapters/02_fragmentation.md:747
+# %% chapters/02_fragmentation.md:756
 class _ContiguousMemory:
     """One first-fit region per request, reserved on admission for all its future
     tokens."""
@@ -320,7 +320,7 @@ class _ContiguousMemory:
         return 0, 0, idle
 
 
-# %% chapters/02_fragmentation.md:789
+# %% chapters/02_fragmentation.md:798
 class _PagedMemory:
     """Blocks of ``block_size`` slots, counted free or owned; any free block serves
     any request."""
@@ -365,7 +365,7 @@ class _PagedMemory:
         return 0, kept * self.block_size, idle - kept * self.block_size
 
 
-# %% chapters/02_fragmentation.md:839
+# %% chapters/02_fragmentation.md:848
 class _Simulation:
     """The state of one ``simulate`` run: queue, running requests, lengths, records."""
 
@@ -404,7 +404,7 @@ class _Simulation:
             self._finish()
             self.step += 1
 
-    # %% chapters/02_fragmentation.md:884
+    # %% chapters/02_fragmentation.md:893
     def _arrive(self) -> None:
         """Queue the requests that have arrived; skip idle time to the next arrival."""
         idle = not self.running and not self.waiting
@@ -414,7 +414,7 @@ class _Simulation:
             self.waiting.append(self.next_arrival)
             self.next_arrival += 1
 
-    # %% chapters/02_fragmentation.md:902
+    # %% chapters/02_fragmentation.md:911
     def _decode(self) -> None:
         """Store one token per running request; grow paged ones, preempting if needed."""
         if not self.running:
@@ -439,7 +439,7 @@ class _Simulation:
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
-    # %% chapters/02_fragmentation.md:936
+    # %% chapters/02_fragmentation.md:945
     def _admit(self) -> int | None:
         """Admit from the head of the queue; the head memory refused, or None."""
         while self.waiting:
@@ -454,7 +454,7 @@ class _Simulation:
             self.running.append(self.waiting.popleft())
         return None
 
-    # %% chapters/02_fragmentation.md:958
+    # %% chapters/02_fragmentation.md:967
     def _record(self, head: int | None) -> None:
         """Append this step's slot states, running and waiting counts to the records."""
         ids = np.asarray(self.running, dtype=np.int64)
@@ -488,7 +488,7 @@ class _Simulation:
             self.running = [rid for rid in self.running if rid not in done_set]
 
 
-# %% chapters/02_fragmentation.md:998
+# %% chapters/02_fragmentation.md:1007
 def simulate(requests: list[TraceRequest], policy: str = "paged",
              budget_tokens: int = 16384, *, block_size: int = 16, max_len: int = 2048,
              max_running: int | None = None,
@@ -530,7 +530,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged",
                             **arrays)
 
 
-# %% chapters/02_fragmentation.md:1313
+# %% chapters/02_fragmentation.md:1321
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as requests (missing column, bad value)."""
 
@@ -569,7 +569,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     return None
 
 
-# %% chapters/02_fragmentation.md:1357
+# %% chapters/02_fragmentation.md:1365
 def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
                    output_column: str | None = None, arrival_column: str | None = None,
                    rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -609,7 +609,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
-# %% chapters/02_fragmentation.md:1425
+# %% chapters/02_fragmentation.md:1434
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(
