@@ -28,8 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from minipaged.runtime import add_to_class
-
 __all__ = [
     "TraceRequest", "WorkloadSpec", "WORKLOADS", "TraceFormatError",
     "clipped_lognormal_mean", "fit_lognormal_mu", "generate_workload", "read_trace_csv",
@@ -56,7 +54,7 @@ def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
                      "choose max, pow2 or oracle")
 
 
-# %% chapters/02_fragmentation.md:341
+# %% chapters/02_fragmentation.md:340
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a workload: arrival (in decode steps) and its token counts."""
@@ -90,7 +88,7 @@ WORKLOADS = {
 }
 
 
-# %% chapters/02_fragmentation.md:379
+# %% chapters/02_fragmentation.md:378
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -122,7 +120,7 @@ def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
     return (low + high) / 2
 
 
-# %% chapters/02_fragmentation.md:416
+# %% chapters/02_fragmentation.md:415
 def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int,
              n: int) -> np.ndarray:
     mu = fit_lognormal_mu(mean, sigma, cap)
@@ -167,7 +165,7 @@ def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: in
             for a, p, o in zip(arrivals, prompt, output)]
 
 
-# %% chapters/02_fragmentation.md:520
+# %% chapters/02_fragmentation.md:519
 class FirstFitAllocator:
     """Contiguous regions of a ``capacity``-token space: first fit, free neighbours
     merged."""
