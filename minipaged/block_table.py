@@ -1,8 +1,8 @@
 # GENERATED from chapters/03_block_tables.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/03_block_tables.md:63
-"""Block tables: positions to slots and back, one at a time or for a whole batch; block sizes."""
+# %% chapters/03_block_tables.md:155
+"""Block tables: positions to slots and back, one at a time or for a whole batch."""
 
 from __future__ import annotations
 
@@ -15,25 +15,15 @@ import torch
 from minipaged.sizing import block_table_entries
 
 __all__ = [
-    "BlockTableError",
-    "BlockAddress",
-    "locate",
-    "physical_address",
-    "slot_for",
-    "slot_to_address",
-    "blocks_needed",
-    "needs_new_block",
-    "last_block_waste",
-    "pad_block_tables",
-    "slots_for_positions",
-    "slots_for_range",
-    "block_size_sweep",
+    "BlockTableError", "BlockAddress", "locate", "physical_address", "slot_for",
+    "slot_to_address", "blocks_needed", "needs_new_block", "last_block_waste",
+    "pad_block_tables", "slots_for_positions", "slots_for_range", "block_size_sweep",
     "memory_map",
 ]
 
 
 class BlockTableError(IndexError):
-    """A position its block table does not cover (allocate a block first), or a malformed table."""
+    """A position its table does not cover (allocate a block first), or a bad table."""
 
 
 class BlockAddress(NamedTuple):
@@ -44,31 +34,35 @@ class BlockAddress(NamedTuple):
 
 
 def _check_block_size(block_size: int) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) \
+            or block_size <= 0:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     return block_size
 
 
 def locate(position: int | torch.Tensor, block_size: int) -> tuple:
-    """(logical block, offset) of a position: ``divmod(position, block_size)``; ints or tensors."""
+    """(logical block, offset) of a position: ``divmod(position, block_size)``."""
     _check_block_size(block_size)
     return position // block_size, position % block_size
 
 
-def physical_address(block_table: Sequence[int], position: int, block_size: int) -> BlockAddress:
-    """The physical block and offset holding ``position`` of the sequence with ``block_table``."""
+def physical_address(block_table: Sequence[int], position: int,
+                     block_size: int) -> BlockAddress:
+    """The physical block and offset holding ``position`` of a sequence."""
     if position < 0:
         raise BlockTableError(f"position must be >= 0, got {position}")
     logical, offset = locate(position, block_size)
     if logical >= len(block_table):
         raise BlockTableError(
-            f"position {position} is in logical block {logical}, but the table has only "
-            f"{len(block_table)} entries ({len(block_table) * block_size} slots): allocate a block first")
+            f"position {position} is in logical block {logical}, but the table has "
+            f"only {len(block_table)} entries ({len(block_table) * block_size} slots): "
+            "allocate a block first")
     return BlockAddress(int(block_table[logical]), int(offset))
 
 
+# %% chapters/03_block_tables.md:221
 def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
-    """The flat slot ``physical_block * block_size + offset`` that holds ``position``."""
+    """The flat slot ``block * block_size + offset`` that holds ``position``."""
     block, offset = physical_address(block_table, position, block_size)
     return block * block_size + offset
 
@@ -76,8 +70,8 @@ def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
 def slot_to_address(slot: int | torch.Tensor, block_size: int) -> tuple:
     """Back from a flat slot to (physical block, offset); ints or tensors.
 
-    An int slot must be >= 0 (-1 marks padding). Tensors are converted element-wise without checks,
-    so mask padded slots before using the result.
+    An int slot must be >= 0 (-1 marks padding). Tensors are converted element-wise
+    without checks, so mask padded slots before using the result.
     """
     block, offset = locate(slot, block_size)
     if isinstance(slot, int):
@@ -90,7 +84,7 @@ def slot_to_address(slot: int | torch.Tensor, block_size: int) -> tuple:
 def blocks_needed(length: int, block_size: int) -> int:
     """Table entries a sequence of ``length`` tokens needs: ceil(length / block_size).
 
-    The count chapter 1 called ``block_table_entries``, under the name the block manager uses.
+    The count chapter 1 called ``block_table_entries``, under the block manager's name.
     """
     return block_table_entries(length, block_size)
 
@@ -101,14 +95,19 @@ def needs_new_block(length: int, block_size: int) -> bool:
 
 
 def last_block_waste(length: int, block_size: int) -> int:
-    """Empty slots in the last block: 0 if ``length % block_size == 0``, else ``B - length % B``."""
+    """Empty slots in the last block: 0 if ``length % B == 0``, else ``B - length % B``.
+    """
     return blocks_needed(length, block_size) * block_size - length
 
 
-# %% chapters/03_block_tables.md:234
+# %% chapters/03_block_tables.md:384
 def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
                      device: torch.device | str | None = None) -> torch.Tensor:
-    """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded."""
+    """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded.
+
+    Entries past a row's own table are padding, which no reader may use (readers stop at
+    the sequence's length); -1 makes a lookup that reaches padding fail loudly.
+    """
     width = max((len(t) for t in tables), default=0)
     out = torch.full((len(tables), width), pad_value, dtype=torch.int32)
     for row, table in enumerate(tables):
@@ -117,13 +116,14 @@ def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
     return out.to(device) if device is not None else out
 
 
-def slots_for_positions(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
+def slots_for_positions(block_tables: torch.Tensor, positions: torch.Tensor,
+                        block_size: int,
                         rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Flat slots (int64) of ``positions[i]`` in the sequence ``rows[i]`` of ``block_tables``.
+    """Flat slots (int64) of ``positions[i]`` in row ``rows[i]`` of ``block_tables``.
 
-    ``rows`` defaults to ``0..N-1`` (one position per sequence: a decode step). A negative
-    position gives slot -1 (a padded token: the cache write skips it). Raises
-    ``BlockTableError`` if a position lies beyond its table or on a padding entry.
+    ``rows`` defaults to ``0..N-1`` (one position per sequence: a decode step). A
+    negative position gives slot -1 (a padded token: the cache write skips it). Raises
+    ``BlockTableError`` if a position lies beyond its table or on a negative entry.
     """
     _check_block_size(block_size)
     positions = positions.to(torch.int64)
@@ -134,28 +134,32 @@ def slots_for_positions(block_tables: torch.Tensor, positions: torch.Tensor, blo
     width = block_tables.shape[1]
     if bool((valid & (logical >= width)).any()):
         bad = int(positions[valid & (logical >= width)][0])
-        raise BlockTableError(f"position {bad} needs logical block {bad // block_size}, but the "
-                              f"tables have {width} columns: allocate a block first")
+        raise BlockTableError(f"position {bad} needs logical block "
+                              f"{bad // block_size}, but the tables have {width} "
+                              "columns: allocate a block first")
     physical = block_tables[rows, logical.clamp(max=max(width - 1, 0))].to(torch.int64)
     if bool((valid & (physical < 0)).any()):
         bad = int(positions[valid & (physical < 0)][0])
-        raise BlockTableError(f"position {bad} maps to a padding entry of its block table: "
-                              "allocate a block first")
-    return torch.where(valid, physical * block_size + offset, torch.full_like(positions, -1))
+        raise BlockTableError(f"position {bad} maps to a padding entry of its block "
+                              "table: allocate a block first")
+    return torch.where(valid, physical * block_size + offset,
+                       torch.full_like(positions, -1))
 
 
 def slots_for_range(block_table: Sequence[int] | torch.Tensor, start: int, count: int,
                     block_size: int) -> torch.Tensor:
-    """Slots of positions ``start .. start+count-1`` of one sequence (a prefill, or a chunk)."""
+    """Slots of positions ``start .. start+count-1`` of one sequence (a prefill)."""
     table = torch.as_tensor(block_table, dtype=torch.int32).reshape(1, -1)
     positions = torch.arange(start, start + count, dtype=torch.int64)
-    return slots_for_positions(table, positions, block_size, rows=torch.zeros_like(positions))
+    return slots_for_positions(table, positions, block_size,
+                               rows=torch.zeros_like(positions))
 
 
-# %% chapters/03_block_tables.md:322
+# %% chapters/03_block_tables.md:516
 def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list[dict]:
-    """For each block size: last-block waste (total and as a share of allocated slots), mean and
-    largest table length, and blocks needed, for sequences of the given final lengths."""
+    """For each block size: last-block waste (total, and as a share of allocated slots),
+    mean and largest table length, and blocks needed, for sequences of these lengths.
+    """
     lengths_np = np.asarray(lengths, dtype=np.int64)
     if lengths_np.size == 0 or (lengths_np < 1).any():
         raise ValueError("lengths must be a non-empty list of positive token counts")
@@ -175,17 +179,20 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
     return rows
 
 
-# %% chapters/03_block_tables.md:426
+# %% chapters/03_block_tables.md:669
 def memory_map(tables: Mapping[object, Sequence[int]], num_blocks: int) -> np.ndarray:
-    """Owner of every physical block: the index (in ``tables`` order) of the sequence whose table
-    holds it, or -1 if free. Raises ``BlockTableError`` if a block is out of range or in two tables."""
+    """Owner of every physical block: the index (in ``tables`` order) of the sequence
+    whose table holds it, or -1 if free. Raises ``BlockTableError`` if a block is out of
+    range or in two tables."""
     owner = np.full(num_blocks, -1, dtype=np.int64)
     for index, (seq, table) in enumerate(tables.items()):
         for block in table:
             if not 0 <= block < num_blocks:
-                raise BlockTableError(f"sequence {seq!r}: block {block} is outside 0..{num_blocks - 1}")
+                raise BlockTableError(
+                    f"sequence {seq!r}: block {block} is outside 0..{num_blocks - 1}")
             if owner[block] != -1:
                 other = list(tables)[owner[block]]
-                raise BlockTableError(f"block {block} is in the tables of both {other!r} and {seq!r}")
+                raise BlockTableError(
+                    f"block {block} is in the tables of both {other!r} and {seq!r}")
             owner[block] = index
     return owner

@@ -1,13 +1,16 @@
 # GENERATED from chapters/02_fragmentation.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/02_fragmentation.md:66
-"""Where KV memory goes under contiguous reservation and under paging: workloads and a simulator.
+# %% chapters/02_fragmentation.md:67
+"""Where KV memory goes under contiguous reservation and under paging.
+
+Workloads, a first-fit heap, and a simulator that labels every slot at every step.
 
 Run it from the command line::
 
     python -m minipaged.fragmentation --workload sharegpt --policy paged --block-size 16
-    python -m minipaged.fragmentation --trace requests.csv --policy max --budget-tokens 16384
+    python -m minipaged.fragmentation --trace requests.csv --policy max \\
+        --budget-tokens 16384
 """
 
 from __future__ import annotations
@@ -26,25 +29,35 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
-    "TraceRequest",
-    "WorkloadSpec",
-    "WORKLOADS",
-    "TraceFormatError",
-    "clipped_lognormal_mean",
-    "fit_lognormal_mu",
-    "generate_workload",
-    "read_trace_csv",
-    "POLICIES",
-    "reservation_tokens",
-    "FirstFitAllocator",
-    "SimulationResult",
+    "TraceRequest", "WorkloadSpec", "WORKLOADS", "TraceFormatError",
+    "clipped_lognormal_mean", "fit_lognormal_mu", "generate_workload", "read_trace_csv",
+    "POLICIES", "reservation_tokens", "FirstFitAllocator", "SimulationResult",
     "simulate",
 ]
 
+POLICIES = ("max", "pow2", "oracle", "paged")
 
+
+def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
+    """Tokens a contiguous policy reserves for a request that will store
+    ``total_len``."""
+    if not 1 <= total_len <= max_len:
+        raise ValueError(f"total_len must be in [1, max_len={max_len}], "
+                         f"got {total_len}")
+    if policy == "max":
+        return max_len
+    if policy == "pow2":
+        return min(max_len, 1 << (total_len - 1).bit_length())
+    if policy == "oracle":
+        return total_len
+    raise ValueError(f"{policy!r} is not a contiguous policy; "
+                     "choose max, pow2 or oracle")
+
+
+# %% chapters/02_fragmentation.md:340
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a workload: arrival time (in decode steps) and its token counts."""
+    """One request of a workload: arrival (in decode steps) and its token counts."""
 
     arrival: float
     prompt_len: int
@@ -58,7 +71,8 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """Length statistics of a workload: mean tokens (targets) and log-normal spreads (choices)."""
+    """Length statistics of a workload: mean tokens (targets) and log-normal spreads
+    (choices)."""
 
     prompt_mean: float
     output_mean: float
@@ -67,16 +81,14 @@ class WorkloadSpec:
     source: str = ""
 
 
+_FIG11 = "vLLM paper (Kwon et al. 2023), Fig. 11"
 WORKLOADS = {
-    "sharegpt": WorkloadSpec(161.31, 337.99, 1.0, 1.0, "vLLM paper (Kwon et al. 2023), Fig. 11"),
-    "alpaca": WorkloadSpec(19.31, 58.45, 0.5, 0.8, "vLLM paper (Kwon et al. 2023), Fig. 11"),
+    "sharegpt": WorkloadSpec(161.31, 337.99, 1.0, 1.0, _FIG11),
+    "alpaca": WorkloadSpec(19.31, 58.45, 0.5, 0.8, _FIG11),
 }
 
 
-class TraceFormatError(ValueError):
-    """A trace file that cannot be read as requests (missing column, bad value)."""
-
-
+# %% chapters/02_fragmentation.md:378
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -84,21 +96,22 @@ def _normal_cdf(z: float) -> float:
 def clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
     """E[min(X, cap)] for X ~ LogNormal(mu, sigma)."""
     if sigma <= 0 or cap <= 0:
-        raise ValueError(f"sigma and cap must be positive, got sigma={sigma}, cap={cap}")
+        raise ValueError(f"sigma and cap must be positive, got {sigma}, {cap}")
     log_cap = math.log(cap)
     body = math.exp(mu + sigma**2 / 2) * _normal_cdf((log_cap - mu - sigma**2) / sigma)
     return body + cap * (1.0 - _normal_cdf((log_cap - mu) / sigma))
 
 
 def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
-    """The mu for which min(X, cap), X ~ LogNormal(mu, sigma), has the given mean (bisection)."""
+    """The mu for which min(X, cap), X ~ LogNormal(mu, sigma), has the given mean."""
     if not 0 < mean < cap:
         raise ValueError(f"the mean must lie in (0, cap={cap}), got {mean}")
-    low = math.log(mean) - sigma**2 / 2  # the unclipped fit: its clipped mean is too small
+    # the unclipped fit: its clipped mean is too small
+    low = math.log(mean) - sigma**2 / 2
     high = low + 1.0
     while clipped_lognormal_mean(high, sigma, cap) < mean:
         high += 1.0
-    for _ in range(100):
+    for _ in range(100):  # bisection
         middle = (low + high) / 2
         if clipped_lognormal_mean(middle, sigma, cap) < mean:
             low = middle
@@ -107,131 +120,55 @@ def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
     return (low + high) / 2
 
 
-def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int, n: int) -> np.ndarray:
+# %% chapters/02_fragmentation.md:415
+def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int,
+             n: int) -> np.ndarray:
     mu = fit_lognormal_mu(mean, sigma, cap)
     return np.clip(np.rint(rng.lognormal(mu, sigma, n)), 1, cap).astype(np.int64)
 
 
-def _poisson_arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
+def _poisson_arrivals(rng: np.random.Generator, n: int,
+                      rate: float | None) -> np.ndarray:
     if rate is None:
         return np.zeros(n)
     if rate <= 0:
-        raise ValueError(f"rate must be positive (requests per decode step), got {rate}")
+        raise ValueError(f"rate must be positive (requests per step), got {rate}")
     gaps = rng.exponential(1.0 / rate, n)
     return np.concatenate(([0.0], np.cumsum(gaps[:-1]))) if n else gaps
 
 
-def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: int = 0, *,
-                      rate: float | None = 1.0, max_len: int = 2048,
+def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: int = 0,
+                      *, rate: float | None = 1.0, max_len: int = 2048,
                       spec: WorkloadSpec | None = None) -> list[TraceRequest]:
     """Draw ``num_requests`` requests with log-normal lengths and Poisson arrivals.
 
-    ``name`` picks a spec from ``WORKLOADS`` (``spec`` overrides it). Lengths are fitted so their
-    means match the spec after clipping; ``prompt + output <= max_len``. ``rate`` is in requests
-    per decode step; ``None`` makes every request arrive at step 0.
+    ``name`` picks a spec from ``WORKLOADS`` (``spec`` overrides it). Lengths are
+    fitted so their means match the spec after clipping; ``prompt + output <=
+    max_len``. ``rate`` is in requests per decode step; ``None`` makes every request
+    arrive at step 0.
     """
     if spec is None:
         if name not in WORKLOADS:
-            raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+            raise ValueError(f"unknown workload {name!r}; "
+                             f"choose one of {sorted(WORKLOADS)}")
         spec = WORKLOADS[name]
     if num_requests < 0 or max_len < 2:
-        raise ValueError(f"need num_requests >= 0 and max_len >= 2, got {num_requests}, {max_len}")
+        raise ValueError("need num_requests >= 0 and max_len >= 2, got "
+                         f"{num_requests}, {max_len}")
     rng = np.random.default_rng(seed)
-    prompt = _lengths(rng, spec.prompt_mean, spec.prompt_sigma, max_len - 1, num_requests)
-    output = _lengths(rng, spec.output_mean, spec.output_sigma, max_len - 1, num_requests)
+    cap = max_len - 1
+    prompt = _lengths(rng, spec.prompt_mean, spec.prompt_sigma, cap, num_requests)
+    output = _lengths(rng, spec.output_mean, spec.output_sigma, cap, num_requests)
     output = np.minimum(output, max_len - prompt)
     arrivals = _poisson_arrivals(rng, num_requests, rate)
-    return [TraceRequest(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
+    return [TraceRequest(float(a), int(p), int(o))
+            for a, p, o in zip(arrivals, prompt, output)]
 
 
-# %% chapters/02_fragmentation.md:255
-PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "num_prompt_tokens", "input_len",
-                  "input_tokens", "input_length", "num_input_tokens", "context_tokens", "prompt",
-                  "input")
-OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "num_output_tokens",
-                  "completion_tokens", "generated_tokens", "response_tokens", "response_len",
-                  "output", "completion")
-ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time")
-
-
-def _normalise(column: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", column.strip())
-                  .lower()).strip("_")
-
-
-def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...], what: str,
-                 path: Path, required: bool = True) -> str | None:
-    names = {_normalise(h): h for h in header}
-    if wanted is not None:
-        if wanted in header:
-            return wanted
-        if _normalise(wanted) in names:
-            return names[_normalise(wanted)]
-        raise TraceFormatError(f"{path}: no column {wanted!r}; the file has {header}")
-    for alias in aliases:
-        if alias in names:
-            return names[alias]
-    if required:
-        raise TraceFormatError(
-            f"{path}: found no {what} column among {header}; name one of {list(aliases)} "
-            f"or pass it explicitly ({what}_column=NAME, or --{what}-column NAME on the command line)")
-    return None
-
-
-def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
-                   output_column: str | None = None, arrival_column: str | None = None,
-                   rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
-    """Read requests from a CSV with prompt- and output-token columns (names matched loosely).
-
-    An arrival column (in decode steps) is used if present; otherwise arrivals are Poisson at
-    ``rate`` requests per step, drawn with ``seed``. Raises ``TraceFormatError`` on a missing
-    column or a value that is not a non-negative whole number (prompts need at least one token).
-    """
-    path = Path(path)
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        header = list(reader.fieldnames or [])
-        if not header:
-            raise TraceFormatError(f"{path}: empty file, expected a header row")
-        p_col = _find_column(header, prompt_column, PROMPT_COLUMNS, "prompt", path)
-        o_col = _find_column(header, output_column, OUTPUT_COLUMNS, "output", path)
-        a_col = _find_column(header, arrival_column, ARRIVAL_COLUMNS, "arrival", path, False)
-        rows = list(reader)
-    requests = []
-    arrivals = _poisson_arrivals(np.random.default_rng(seed), len(rows), rate)
-    for line, (row, arrival) in enumerate(zip(rows, arrivals), start=2):
-        try:
-            prompt, output = float(row[p_col]), float(row[o_col])
-            arrival = float(row[a_col]) if a_col else float(arrival)
-        except (TypeError, ValueError):
-            raise TraceFormatError(f"{path}, line {line}: expected numbers in {p_col!r} and "
-                                   f"{o_col!r}, got {row.get(p_col)!r} and {row.get(o_col)!r}")
-        if prompt < 1 or output < 0 or prompt != int(prompt) or output != int(output):
-            raise TraceFormatError(f"{path}, line {line}: token counts must be whole numbers, "
-                                   f"prompt >= 1 and output >= 0; got {prompt}, {output}")
-        requests.append(TraceRequest(arrival, int(prompt), int(output)))
-    return requests
-
-
-# %% chapters/02_fragmentation.md:369
-POLICIES = ("max", "pow2", "oracle", "paged")
-
-
-def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
-    """Tokens a contiguous policy reserves for a request that will store ``total_len`` tokens."""
-    if not 1 <= total_len <= max_len:
-        raise ValueError(f"total_len must be in [1, max_len={max_len}], got {total_len}")
-    if policy == "max":
-        return max_len
-    if policy == "pow2":
-        return min(max_len, 1 << (total_len - 1).bit_length())
-    if policy == "oracle":
-        return total_len
-    raise ValueError(f"{policy!r} is not a contiguous policy; choose max, pow2 or oracle")
-
-
+# %% chapters/02_fragmentation.md:519
 class FirstFitAllocator:
-    """Contiguous regions of a ``capacity``-token space: first fit, free neighbours merged."""
+    """Contiguous regions of a ``capacity``-token space: first fit, free neighbours
+    merged."""
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -243,7 +180,7 @@ class FirstFitAllocator:
         self.free_tokens = capacity
 
     def allocate(self, size: int) -> int | None:
-        """Start of a new region of ``size`` tokens, or None if no hole is large enough."""
+        """Start of a new region of ``size`` tokens, or None if no hole fits it."""
         if size <= 0:
             raise ValueError(f"size must be positive, got {size}")
         for i, hole in enumerate(self._sizes):
@@ -259,6 +196,15 @@ class FirstFitAllocator:
                 return start
         return None
 
+    def holes(self) -> list[tuple[int, int]]:
+        """Free holes as (start, size), by address."""
+        return list(zip(self._starts, self._sizes))
+
+    def largest_hole(self) -> int:
+        """Size of the largest free hole: the largest region it can allocate now."""
+        return max(self._sizes, default=0)
+
+    # %% chapters/02_fragmentation.md:566
     def free(self, start: int) -> None:
         """Return the region that starts at ``start``; merge it with free neighbours."""
         if start not in self._regions:
@@ -275,22 +221,16 @@ class FirstFitAllocator:
             self._sizes[i - 1] += self._sizes.pop(i)
             del self._starts[i]
 
-    def holes(self) -> list[tuple[int, int]]:
-        """Free holes as (start, size), by address."""
-        return list(zip(self._starts, self._sizes))
 
-    def largest_hole(self) -> int:
-        """Size of the largest free hole: the largest region that can be allocated now."""
-        return max(self._sizes, default=0)
-
-
-# %% chapters/02_fragmentation.md:475
-_SERIES = ("token_states", "reservation", "internal", "external", "free", "running", "waiting")
+# %% chapters/02_fragmentation.md:690
+_STATES = ("token_states", "reservation", "internal",
+           "external", "headroom", "blocked", "free")
+_SERIES = _STATES + ("running", "waiting")
 
 
 @dataclass
 class SimulationResult:
-    """Token counts per recorded step (numpy arrays), and totals, of one simulated run."""
+    """Token counts per recorded step (numpy arrays) and totals of one run."""
 
     policy: str
     budget_tokens: int
@@ -302,6 +242,8 @@ class SimulationResult:
     reservation: np.ndarray
     internal: np.ndarray
     external: np.ndarray
+    headroom: np.ndarray
+    blocked: np.ndarray
     free: np.ndarray
     running: np.ndarray
     waiting: np.ndarray
@@ -311,35 +253,38 @@ class SimulationResult:
 
     @property
     def busy(self) -> np.ndarray:
-        """Mask of the steps in which a request was waiting (all steps if there were none)."""
+        """Mask of the steps in which a request was waiting (all steps if there were
+        none)."""
         mask = self.waiting > 0
         return mask if mask.any() else np.ones_like(mask)
 
     def shares(self) -> dict[str, float]:
-        """Mean fraction of the budget in each state over the busy steps; they sum to 1."""
+        """Mean share of the budget in each state over the busy steps (sum: 1)."""
         mask = self.busy
         return {name: float(getattr(self, name)[mask].mean() / self.budget_tokens)
-                for name in _SERIES[:5]}
+                for name in _STATES}
 
     def summary(self) -> dict:
         """JSON-ready result: the shares, concurrency, and what the run did."""
         mask = self.busy
-        busy_steps = int((self.waiting > 0).sum())
         total_steps = int(self.steps[-1]) + 1 if len(self.steps) else 0
         return {
             "policy": self.policy, "budget_tokens": self.budget_tokens,
             "block_size": self.block_size, "max_len": self.max_len,
             **{k: round(v, 6) for k, v in self.shares().items()},
-            "mean_running": round(float(self.running[mask].mean()), 3) if len(mask) else 0.0,
-            "requests": self.num_requests, "steps": total_steps, "busy_steps": busy_steps,
+            "mean_running": (round(float(self.running[mask].mean()), 3)
+                             if len(mask) else 0.0),
+            "requests": self.num_requests, "steps": total_steps,
+            "busy_steps": int((self.waiting > 0).sum()),
             "tokens_per_step": round(self.generated_tokens / max(total_steps, 1), 3),
             "preemptions": self.preemptions, "truncated": self.truncated,
         }
 
 
-# %% chapters/02_fragmentation.md:535
+# %% chapters/02_fragmentation.md:756
 class _ContiguousMemory:
-    """One first-fit region per request, reserved on admission for all its future tokens."""
+    """One first-fit region per request, reserved on admission for all its future
+    tokens."""
 
     def __init__(self, policy: str, budget_tokens: int, max_len: int) -> None:
         self.policy, self.max_len, self.capacity = policy, max_len, budget_tokens
@@ -350,7 +295,8 @@ class _ContiguousMemory:
         """Slots a request that ends with ``final_len`` tokens must be able to own."""
         return reservation_tokens(self.policy, final_len, self.max_len)
 
-    def admit(self, rid: int, length: int, final_len: int, others_running: bool) -> int | None:
+    def admit(self, rid: int, length: int, final_len: int,
+              others_running: bool) -> int | None:
         """Slots given to request ``rid`` now, or None if no hole is large enough."""
         size = self.need(final_len)
         start = self.heap.allocate(size)
@@ -363,9 +309,19 @@ class _ContiguousMemory:
         """Give back request ``rid``'s region."""
         self.heap.free(self.starts.pop(rid))
 
+    def idle_split(self, idle: int, length: int, final_len: int,
+                   others_running: bool) -> tuple[int, int, int]:
+        """(external, headroom, blocked) slots of ``idle`` while a request of
+        ``final_len`` waits: external if the free slots, in one piece, would hold it."""
+        if self.heap.free_tokens >= self.need(final_len):
+            return idle, 0, 0
+        return 0, 0, idle
 
+
+# %% chapters/02_fragmentation.md:798
 class _PagedMemory:
-    """Blocks of ``block_size`` slots, counted free or owned; any free block serves any request."""
+    """Blocks of ``block_size`` slots, counted free or owned; any free block serves
+    any request."""
 
     def __init__(self, budget_tokens: int, block_size: int, watermark: float) -> None:
         self.block_size = block_size
@@ -377,8 +333,10 @@ class _PagedMemory:
         """Slots a request that ends with ``final_len`` tokens owns at its end."""
         return -(-final_len // self.block_size) * self.block_size
 
-    def admit(self, rid: int, length: int, final_len: int, others_running: bool) -> int | None:
-        """Blocks for the ``length`` tokens a request holds, if the watermark stays free for others."""
+    def admit(self, rid: int, length: int, final_len: int,
+              others_running: bool) -> int | None:
+        """Blocks for the ``length`` tokens a request holds, if the watermark stays
+        free."""
         blocks = -(-length // self.block_size)
         if blocks > self.free_blocks - (self.watermark_blocks if others_running else 0):
             return None
@@ -386,7 +344,8 @@ class _PagedMemory:
         return blocks * self.block_size
 
     def grow(self) -> bool:
-        """Take one more block for a request whose last block is full; False if none is free."""
+        """Take one more block for a request whose last block is full; False if none
+        is free."""
         if self.free_blocks == 0:
             return False
         self.free_blocks -= 1
@@ -396,20 +355,152 @@ class _PagedMemory:
         """Give back the blocks behind ``owned`` slots."""
         self.free_blocks += owned // self.block_size
 
+    def idle_split(self, idle: int, length: int, final_len: int,
+                   others_running: bool) -> tuple[int, int, int]:
+        """(external, headroom, blocked) slots of ``idle``: paging never fragments; the
+        watermark's blocks are headroom, the rest too few for the waiting prompt."""
+        kept = min(self.free_blocks, self.watermark_blocks if others_running else 0)
+        return 0, kept * self.block_size, idle - kept * self.block_size
 
-# %% chapters/02_fragmentation.md:597
-def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens: int = 16384, *,
-             block_size: int = 16, max_len: int = 2048, max_running: int | None = None,
+
+# %% chapters/02_fragmentation.md:848
+class _Simulation:
+    """The state of one ``simulate`` run: queue, running requests, lengths, records."""
+
+    def __init__(self, requests: list[TraceRequest], memory, budget_tokens: int,
+                 max_len: int, max_running: int | None) -> None:
+        requests = sorted(requests, key=lambda r: r.arrival)
+        self.n = len(requests)
+        self.arrival = np.array([r.arrival for r in requests], dtype=float)
+        # tokens stored (kept across a preemption: recomputed on readmission)
+        self.length = np.array([min(r.prompt_len, max_len) for r in requests],
+                               dtype=np.int64)
+        self.final = np.array([min(r.total_len, max_len) for r in requests],
+                              dtype=np.int64)
+        self.truncated = sum(r.total_len > max_len for r in requests)
+        # reservation, or blocks * block_size
+        self.owned = np.zeros(self.n, dtype=np.int64)
+        self.memory, self.budget, self.max_running = memory, budget_tokens, max_running
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []  # in admission order
+        self.records: dict[str, list[int]] = {name: [] for name in ("steps",) + _SERIES}
+        self.next_arrival = self.finished = self.step = 0
+        self.generated = self.preemptions = 0
+
+    def run(self) -> None:
+        """Step until every request has finished."""
+        while self.finished < self.n:
+            self._arrive()
+            self._decode()
+            head = self._admit()
+            if self.waiting and not self.running:
+                raise RuntimeError(
+                    f"step {self.step}: no request runs and request "
+                    f"{self.waiting[0]} cannot be admitted into an empty budget; "
+                    "the allocator lost memory")
+            self._record(head)
+            self._finish()
+            self.step += 1
+
+    # %% chapters/02_fragmentation.md:893
+    def _arrive(self) -> None:
+        """Queue the requests that have arrived; skip idle time to the next arrival."""
+        idle = not self.running and not self.waiting
+        if idle and self.arrival[self.next_arrival] > self.step:
+            self.step = int(math.ceil(self.arrival[self.next_arrival]))
+        while self.next_arrival < self.n and self.arrival[self.next_arrival] <= self.step:
+            self.waiting.append(self.next_arrival)
+            self.next_arrival += 1
+
+    # %% chapters/02_fragmentation.md:911
+    def _decode(self) -> None:
+        """Store one token per running request; grow paged ones, preempting if needed."""
+        if not self.running:
+            return
+        ids = np.asarray(self.running)
+        self.length[ids] += 1
+        self.generated += len(ids)
+        # only paged ones outgrow
+        for rid in ids[self.length[ids] > self.owned[ids]].tolist():
+            while rid in self.running and not self.memory.grow():
+                self._preempt(self.running.pop())  # no free block: the latest admitted goes
+            if rid in self.running:
+                self.owned[rid] += self.memory.block_size
+
+
+    def _preempt(self, victim: int) -> None:
+        """Free ``victim``'s memory and put it back at the head of the queue."""
+        self.memory.release(victim, int(self.owned[victim]))
+        self.owned[victim] = 0
+        self.length[victim] -= 1  # its token of this step was not computed
+        self.generated -= 1
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    # %% chapters/02_fragmentation.md:945
+    def _admit(self) -> int | None:
+        """Admit from the head of the queue; the head memory refused, or None."""
+        while self.waiting:
+            if self.max_running is not None and len(self.running) >= self.max_running:
+                return None
+            rid = self.waiting[0]
+            size = self.memory.admit(rid, int(self.length[rid]), int(self.final[rid]),
+                                     bool(self.running))
+            if size is None:
+                return rid
+            self.owned[rid] = size
+            self.running.append(self.waiting.popleft())
+        return None
+
+    # %% chapters/02_fragmentation.md:967
+    def _record(self, head: int | None) -> None:
+        """Append this step's slot states, running and waiting counts to the records."""
+        ids = np.asarray(self.running, dtype=np.int64)
+        stored, mine, ends = self.length[ids], self.owned[ids], self.final[ids]
+        usable = np.minimum(mine, ends)
+        idle = self.budget - int(mine.sum())
+        external = headroom = blocked = 0
+        if head is not None:
+            external, headroom, blocked = self.memory.idle_split(
+                idle, int(self.length[head]), int(self.final[head]), bool(self.running))
+        row = {"steps": self.step, "token_states": int(stored.sum()),
+               "reservation": int((usable - stored).sum()),
+               "internal": int((mine - usable).sum()),
+               "external": external, "headroom": headroom, "blocked": blocked,
+               "free": idle if head is None else 0,
+               "running": len(self.running), "waiting": len(self.waiting)}
+        for name, value in row.items():
+            self.records[name].append(value)
+
+
+    def _finish(self) -> None:
+        """Release the requests that stored their final token."""
+        ids = np.asarray(self.running, dtype=np.int64)
+        done = ids[self.length[ids] >= self.final[ids]].tolist()
+        for rid in done:
+            self.memory.release(rid, int(self.owned[rid]))
+            self.owned[rid] = 0
+        if done:
+            self.finished += len(done)
+            done_set = set(done)
+            self.running = [rid for rid in self.running if rid not in done_set]
+
+
+# %% chapters/02_fragmentation.md:1007
+def simulate(requests: list[TraceRequest], policy: str = "paged",
+             budget_tokens: int = 16384, *, block_size: int = 16, max_len: int = 2048,
+             max_running: int | None = None,
              watermark: float = 0.01) -> SimulationResult:
     """Replay ``requests`` against a KV budget of ``budget_tokens`` under ``policy``.
 
-    One step: arrivals join the queue; running requests store one token each (``paged``
-    allocates a block when one is full, preempting the latest admitted request if none is
-    free); waiting requests are admitted first come, first served, while memory (and
-    ``max_running``) allows; the state of every slot is recorded; requests that reached their
-    final length finish and free their memory. Lengths above ``max_len`` are truncated.
-    Under ``paged``, a request is admitted only if ``watermark`` (a fraction of all blocks) stays
-    free after its prompt's blocks, so running requests have room to grow (vLLM's default: 0.01).
+    One step: arrivals join the queue; running requests store one token each
+    (``paged`` allocates a block when one is full, preempting the latest admitted
+    request if none is free); waiting requests are admitted first come, first served,
+    while memory (and ``max_running``) allows; the state of every slot is recorded;
+    requests that reached their final length finish and free their memory. Lengths
+    above ``max_len`` are truncated. Under ``paged``, a request is admitted only if
+    ``watermark`` (a fraction of all blocks) stays free after its prompt's blocks
+    (vLLM's default: 0.01).
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
@@ -419,96 +510,112 @@ def simulate(requests: list[TraceRequest], policy: str = "paged", budget_tokens:
     if max_running is not None and max_running < 1:
         raise ValueError(f"max_running must be at least 1 (or None), got {max_running}")
     paged = policy == "paged"
-    requests = sorted(requests, key=lambda r: r.arrival)
-    n = len(requests)
-    arrival = np.array([r.arrival for r in requests], dtype=float)
-    prompt = np.array([min(r.prompt_len, max_len) for r in requests], dtype=np.int64)
-    final = np.array([min(r.total_len, max_len) for r in requests], dtype=np.int64)
-    truncated = sum(r.total_len > max_len for r in requests)
     memory = (_PagedMemory(budget_tokens, block_size, watermark) if paged
               else _ContiguousMemory(policy, budget_tokens, max_len))
-    need_most = max((memory.need(int(f)) for f in final), default=0)
+    need_most = max((memory.need(min(r.total_len, max_len)) for r in requests),
+                    default=0)
     if need_most > memory.capacity:
-        raise ValueError(f"a request needs {need_most} tokens under {policy!r} but only "
-                         f"{memory.capacity} fit in the budget: raise budget_tokens or lower max_len")
-
-    length = prompt.copy()  # tokens stored (kept across a preemption: recomputed on readmission)
-    owned = np.zeros(n, dtype=np.int64)  # slots owned: reservation, or blocks * block_size
-    waiting: deque[int] = deque()
-    running: list[int] = []  # in admission order
-    records = {name: [] for name in ("steps",) + _SERIES}
-    next_arrival, finished, step, generated, preemptions = 0, 0, 0, 0, 0
-
-    while finished < n:
-        if not running and not waiting and arrival[next_arrival] > step:
-            step = int(math.ceil(arrival[next_arrival]))  # idle: skip to the next arrival
-        while next_arrival < n and arrival[next_arrival] <= step:
-            waiting.append(next_arrival)
-            next_arrival += 1
-        if running:  # decode: every running request stores one more token
-            ids = np.asarray(running)
-            length[ids] += 1
-            generated += len(ids)
-            for rid in ids[length[ids] > owned[ids]].tolist():  # only paged requests outgrow
-                while rid in running and not memory.grow():
-                    victim = running.pop()  # no free block: preempt the latest admitted request
-                    memory.release(victim, int(owned[victim]))
-                    owned[victim] = 0
-                    length[victim] -= 1  # its token of this step was not computed
-                    generated -= 1
-                    waiting.appendleft(victim)
-                    preemptions += 1
-                if rid in running:
-                    owned[rid] += block_size
-        memory_blocked = False
-        while waiting:  # admit first come, first served
-            if max_running is not None and len(running) >= max_running:
-                break
-            rid = waiting[0]
-            size = memory.admit(rid, int(length[rid]), int(final[rid]), bool(running))
-            if size is None:
-                memory_blocked = True
-                break
-            owned[rid] = size
-            running.append(waiting.popleft())
-        if waiting and not running:  # everything is free and the head still does not fit
-            raise RuntimeError(f"step {step}: no request runs and request {waiting[0]} cannot be "
-                               "admitted into an empty budget; the allocator lost memory")
-        ids = np.asarray(running, dtype=np.int64)
-        stored, mine, ends = length[ids], owned[ids], final[ids]
-        usable = np.minimum(mine, ends)
-        idle = budget_tokens - int(mine.sum())
-        for name, value in (("steps", step), ("token_states", int(stored.sum())),
-                            ("reservation", int((usable - stored).sum())),
-                            ("internal", int((mine - usable).sum())),
-                            ("external", idle if memory_blocked else 0),
-                            ("free", 0 if memory_blocked else idle),
-                            ("running", len(running)), ("waiting", len(waiting))):
-            records[name].append(value)
-        done = ids[stored >= ends].tolist()
-        for rid in done:
-            memory.release(rid, int(owned[rid]))
-            owned[rid] = 0
-        if done:
-            finished += len(done)
-            done_set = set(done)
-            running = [rid for rid in running if rid not in done_set]
-        step += 1
-
-    arrays = {name: np.asarray(values, dtype=np.int64) for name, values in records.items()}
-    return SimulationResult(policy, budget_tokens, block_size if paged else None, max_len, n,
-                            generated_tokens=generated, preemptions=preemptions,
-                            truncated=int(truncated), **arrays)
+        raise ValueError(f"a request needs {need_most} tokens under {policy!r} but "
+                         f"only {memory.capacity} fit in the budget: raise "
+                         "budget_tokens or lower max_len")
+    run = _Simulation(requests, memory, budget_tokens, max_len, max_running)
+    run.run()
+    arrays = {name: np.asarray(values, dtype=np.int64)
+              for name, values in run.records.items()}
+    return SimulationResult(policy, budget_tokens, block_size if paged else None,
+                            max_len, run.n, generated_tokens=run.generated,
+                            preemptions=run.preemptions, truncated=int(run.truncated),
+                            **arrays)
 
 
-# %% chapters/02_fragmentation.md:887
+# %% chapters/02_fragmentation.md:1324
+class TraceFormatError(ValueError):
+    """A trace file that cannot be read as requests (missing column, bad value)."""
+
+
+PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "num_prompt_tokens",
+                  "input_len", "input_tokens", "input_length", "num_input_tokens",
+                  "context_tokens", "prompt", "input")
+OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "num_output_tokens",
+                  "completion_tokens", "generated_tokens", "response_tokens",
+                  "response_len", "output", "completion")
+ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time")
+
+
+def _normalise(column: str) -> str:
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", column.strip()).lower()
+    return re.sub(r"[^a-z0-9]+", "_", snake).strip("_")
+
+
+def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...],
+                 what: str, path: Path, required: bool = True) -> str | None:
+    names = {_normalise(h): h for h in header}
+    if wanted is not None:
+        if wanted in header:
+            return wanted
+        if _normalise(wanted) in names:
+            return names[_normalise(wanted)]
+        raise TraceFormatError(f"{path}: no column {wanted!r}; the file has {header}")
+    for alias in aliases:
+        if alias in names:
+            return names[alias]
+    if required:
+        raise TraceFormatError(
+            f"{path}: found no {what} column among {header}; name one of "
+            f"{list(aliases)} or pass it explicitly ({what}_column=NAME, or "
+            f"--{what}-column NAME on the command line)")
+    return None
+
+
+# %% chapters/02_fragmentation.md:1368
+def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
+                   output_column: str | None = None, arrival_column: str | None = None,
+                   rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
+    """Read requests from a CSV with prompt- and output-token columns (loose names).
+
+    An arrival column (in decode steps) is used if present; otherwise arrivals are
+    Poisson at ``rate`` requests per step, drawn with ``seed``. Raises
+    ``TraceFormatError`` on a missing column or a value that is not a non-negative whole
+    number (prompts need one token).
+    """
+    path = Path(path)
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        if not header:
+            raise TraceFormatError(f"{path}: empty file, expected a header row")
+        p_col = _find_column(header, prompt_column, PROMPT_COLUMNS, "prompt", path)
+        o_col = _find_column(header, output_column, OUTPUT_COLUMNS, "output", path)
+        a_col = _find_column(header, arrival_column, ARRIVAL_COLUMNS, "arrival", path,
+                             required=False)
+        rows = list(reader)
+    requests = []
+    arrivals = _poisson_arrivals(np.random.default_rng(seed), len(rows), rate)
+    for line, (row, arrival) in enumerate(zip(rows, arrivals), start=2):
+        try:
+            prompt, output = float(row[p_col]), float(row[o_col])
+            arrival = float(row[a_col]) if a_col else float(arrival)
+        except (TypeError, ValueError):
+            raise TraceFormatError(
+                f"{path}, line {line}: expected numbers in {p_col!r} and {o_col!r}, "
+                f"got {row.get(p_col)!r} and {row.get(o_col)!r}")
+        if prompt < 1 or output < 0 or prompt != int(prompt) or output != int(output):
+            raise TraceFormatError(
+                f"{path}, line {line}: token counts must be whole numbers, prompt >= 1 "
+                f"and output >= 0; got {prompt}, {output}")
+        requests.append(TraceRequest(arrival, int(prompt), int(output)))
+    return requests
+
+
+# %% chapters/02_fragmentation.md:1437
 def main(argv: list[str] | None = None) -> int:
-    """Command line: simulate one policy on a trace or a generated workload; print JSON."""
+    """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(
         prog="python -m minipaged.fragmentation",
-        description="Where KV memory goes under one allocation policy (one JSON object).")
+        description="Where KV memory goes under one allocation policy (JSON).")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--trace", type=Path, help="CSV with prompt- and output-token columns")
+    source.add_argument("--trace", type=Path,
+                        help="CSV with prompt- and output-token columns")
     source.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
     parser.add_argument("--policy", choices=POLICIES, default="paged")
     parser.add_argument("--budget-tokens", type=int, default=16384)
@@ -516,9 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-requests", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=1.0, help="arrivals per decode step")
-    parser.add_argument("--prompt-column", help="name of the prompt-token column of --trace")
-    parser.add_argument("--output-column", help="name of the output-token column of --trace")
+    parser.add_argument("--rate", type=float, default=1.0,
+                        help="arrivals per decode step")
+    parser.add_argument("--prompt-column", help="the prompt-token column of --trace")
+    parser.add_argument("--output-column", help="the output-token column of --trace")
     args = parser.parse_args(argv)
     try:
         if args.trace is not None:
@@ -533,10 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         parser.error(str(error))
     summary = result.summary()
-    summary["source"] = str(args.trace) if args.trace else f"{args.workload} seed {args.seed}"
+    summary["source"] = (str(args.trace) if args.trace
+                         else f"{args.workload} seed {args.seed}")
     print(json.dumps(summary))
     return 0
 
 
-if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook
+# run as a script, not in a notebook
+if __name__ == "__main__" and "__file__" in globals():
     sys.exit(main())

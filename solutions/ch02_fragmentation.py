@@ -11,3 +11,25 @@ def single_request_token_share(prompt_len: int, output_len: int, reserved: int) 
 
 def first_fit(holes: list[tuple[int, int]], size: int) -> int | None:
     return next((start for start, hole in holes if hole >= size), None)
+
+
+from minipaged.fragmentation import FirstFitAllocator  # noqa: E402
+
+
+class BestFitAllocator(FirstFitAllocator):
+    def allocate(self, size: int) -> int | None:
+        if size <= 0:
+            raise ValueError(f"size must be positive, got {size}")
+        fits = [i for i, hole in enumerate(self._sizes) if hole >= size]
+        if not fits:
+            return None
+        i = min(fits, key=lambda k: (self._sizes[k], self._starts[k]))
+        start = self._starts[i]
+        if self._sizes[i] == size:
+            del self._starts[i], self._sizes[i]
+        else:
+            self._starts[i] += size
+            self._sizes[i] -= size
+        self._regions[start] = size
+        self.free_tokens -= size
+        return start

@@ -15,7 +15,7 @@ from minipaged.fragmentation import (POLICIES, WORKLOADS, FirstFitAllocator, Tra
                                      generate_workload, read_trace_csv, reservation_tokens,
                                      simulate)
 
-STATES = ("token_states", "reservation", "internal", "external", "free")
+STATES = ("token_states", "reservation", "internal", "external", "headroom", "blocked", "free")
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +202,32 @@ def test_max_running_caps_concurrency_without_counting_waste():
     assert run.generated_tokens == sum(r.output_len for r in requests)
     with pytest.raises(ValueError, match="max_running"):
         simulate(requests, "paged", 16384, max_running=0)
+
+
+def test_idle_memory_is_named_by_its_reason(sharegpt_runs):
+    """Free slots while a request waits: holes (contiguous only), watermark, or too few."""
+    _, runs = sharegpt_runs
+    paged = runs["paged"]
+    assert (paged.external == 0).all()                       # any free block fits any prompt
+    assert paged.headroom.max() <= int(0.01 * 16384 // 16) * 16  # at most the watermark
+    for policy in ("max", "pow2", "oracle"):
+        assert (runs[policy].headroom == 0).all(), policy    # no watermark without paging
+    assert runs["oracle"].external.mean() > runs["oracle"].blocked.mean()  # real holes
+
+
+def test_external_means_the_free_slots_would_fit_in_one_piece():
+    # oracle, 12 slots: A (0-2), B (3-8), C (9-11); D needs 5. A and C finish at step 1,
+    # leaving two holes of 3 around B: 6 free slots, enough for D, but not in one piece.
+    requests = [TraceRequest(0, 2, 1), TraceRequest(0, 2, 4), TraceRequest(0, 2, 1),
+                TraceRequest(0, 4, 1)]
+    run = simulate(requests, "oracle", budget_tokens=12, max_len=12)
+    assert run.external.tolist() == [0, 0, 6, 6, 6, 0, 0] and (run.blocked == 0).all()
+    assert run.free.tolist() == [0, 0, 0, 0, 0, 7, 7]
+
+
+def test_blocked_means_too_few_free_slots_in_total():
+    # oracle, 12 slots: A (6) finishes first, B (6) runs on; C needs 8 > 6 free: blocked.
+    requests = [TraceRequest(0, 5, 1), TraceRequest(0, 2, 6), TraceRequest(0, 7, 1)]
+    run = simulate(requests, "oracle", budget_tokens=12, max_len=12)
+    assert (run.external == 0).all() and run.blocked.max() == 6
+    assert run.generated_tokens == 8
