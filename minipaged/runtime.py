@@ -95,7 +95,7 @@ def _interpret_triton_language() -> int:
     return len(rebuilt)
 
 
-_interpret_triton_language()
+_rebuilt_at_import = _interpret_triton_language()
 
 
 # %% chapters/00_runtime.md:207
