@@ -1,7 +1,12 @@
 """Chapter 0: the one switch between CPU and GPU, and where recorded measurements are found."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from minipaged.runtime import (by_device, default_device, has_gpu, results_path,
@@ -32,13 +37,6 @@ def test_results_path_finds_the_repository_copy_from_anywhere(tmp_path, monkeypa
 
 
 # -- import order on a machine without a GPU (chapter 0, "When Triton was imported first") -------
-
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
