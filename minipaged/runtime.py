@@ -98,7 +98,7 @@ def _interpret_triton_language() -> int:
 _rebuilt_at_import = _interpret_triton_language()
 
 
-# %% chapters/00_runtime.md:207
+# %% chapters/00_runtime.md:210
 def add_to_class(cls: type):
     """Decorator: attach a function (or property, staticmethod, classmethod) to ``cls``.
 
@@ -118,7 +118,7 @@ def add_to_class(cls: type):
     return attach
 
 
-# %% chapters/00_runtime.md:254
+# %% chapters/00_runtime.md:257
 def glue(name: str, value: T, display: bool = False) -> T:
     """Hand ``value`` to the prose as ``{glue:text}`name``` (myst-nb); return it.
 

@@ -140,7 +140,7 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# %% chapters/01_kv_sizing.md:479
+# %% chapters/01_kv_sizing.md:492
 def block_bytes(bytes_per_token: int, block_size: int) -> int:
     """Bytes of one cache block (``block_size`` tokens) across all layers."""
     return (_positive_int("bytes_per_token", bytes_per_token)
