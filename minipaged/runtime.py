@@ -87,9 +87,9 @@ def _interpret_triton_language() -> int:
         for value in list(vars(tensor).values()):
             if type(value) is JITFunction:
                 _tensor_member_fn(interpreted(value))  # the method form, x.max()
-    except (ImportError, AttributeError, TypeError) as error:
+    except Exception as error:  # any failure here means: this Triton cannot be repaired
         raise TritonImportOrderError(
-            "Triton was imported before minipaged on a machine without a GPU: put "
+            "Triton was imported before minipaged turned on its interpreter: put "
             "`import minipaged` first, or set TRITON_INTERPRET=1 before starting Python"
         ) from error
     return len(rebuilt)
