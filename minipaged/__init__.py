@@ -2,9 +2,13 @@
 """minipaged: a paged KV cache for LLM serving, built chapter by chapter.
 
 Public names load lazily, so `import minipaged` stays cheap and a chapter's module is only
-imported when one of its names is used."""
+imported when one of its names is used. The one exception is `minipaged.runtime`, imported
+at once: on a machine without a GPU it switches Triton to its interpreter before any kernel
+is defined (chapter 0)."""
 
 from importlib import import_module as _import_module
+
+from . import runtime as _runtime  # noqa: F401  (first: the CPU/GPU switch)
 
 __version__ = "0.1.0"
 
@@ -14,6 +18,7 @@ _PUBLIC = {
     "by_device": "runtime",
     "results_path": "runtime",
     "uses_triton_interpreter": "runtime",
+    "TritonImportOrderError": "runtime",
     "add_to_class": "runtime",
     "glue": "runtime",
     "DTYPE_BYTES": "sizing",
@@ -129,7 +134,7 @@ _PUBLIC = {
     "LLM": "engine",
 }
 
-__all__ = ['ATTENTION_TOLERANCE', 'BeamSearchOutput', 'BlockAddress', 'BlockEvent', 'BlockManagerError', 'BlockTable', 'BlockTableArray', 'BlockTableError', 'CompletionOutput', 'DTYPE_BYTES', 'DecodeGraphs', 'DoubleReleaseError', 'EngineError', 'FirstFitAllocator', 'ForwardBatch', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'LAYOUTS', 'LLM', 'LOGITS_TOLERANCE', 'LRUFreeBlockQueue', 'LiveSequences', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'PrefixCacheStats', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'RequestOutput', 'RunStats', 'SamplingParams', 'ScheduledChunk', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SchedulerOutput', 'Sequence', 'SequenceExistsError', 'SequenceState', 'SequenceStatus', 'SharingBlockManager', 'SimulationResult', 'StepPendingError', 'StepReservation', 'StepStats', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'add_to_class', 'apply_rope', 'attention_parity', 'beam_search_savings', 'block_bytes', 'block_size_sweep', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'chained_block_hash', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'fit_lognormal_mu', 'format_bytes', 'generate_workload', 'glue', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'make_generator', 'memory_map', 'needs_new_block', 'pad_block_tables', 'paged_attention', 'paged_attention_reference', 'parallel_sampling_savings', 'parameter_count', 'physical_address', 'prefill_attention', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'sample', 'simulate', 'slot_for', 'slot_to_address', 'slots_for_positions', 'slots_for_range', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
+__all__ = ['ATTENTION_TOLERANCE', 'BeamSearchOutput', 'BlockAddress', 'BlockEvent', 'BlockManagerError', 'BlockTable', 'BlockTableArray', 'BlockTableError', 'CompletionOutput', 'DTYPE_BYTES', 'DecodeGraphs', 'DoubleReleaseError', 'EngineError', 'FirstFitAllocator', 'ForwardBatch', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'LAYOUTS', 'LLM', 'LOGITS_TOLERANCE', 'LRUFreeBlockQueue', 'LiveSequences', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'PrefixCacheStats', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'RequestOutput', 'RunStats', 'SamplingParams', 'ScheduledChunk', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SchedulerOutput', 'Sequence', 'SequenceExistsError', 'SequenceState', 'SequenceStatus', 'SharingBlockManager', 'SimulationResult', 'StepPendingError', 'StepReservation', 'StepStats', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'TritonImportOrderError', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'add_to_class', 'apply_rope', 'attention_parity', 'beam_search_savings', 'block_bytes', 'block_size_sweep', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'chained_block_hash', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'fit_lognormal_mu', 'format_bytes', 'generate_workload', 'glue', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'make_generator', 'memory_map', 'needs_new_block', 'pad_block_tables', 'paged_attention', 'paged_attention_reference', 'parallel_sampling_savings', 'parameter_count', 'physical_address', 'prefill_attention', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'sample', 'simulate', 'slot_for', 'slot_to_address', 'slots_for_positions', 'slots_for_range', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
 
 
 def __getattr__(name):

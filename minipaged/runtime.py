@@ -1,24 +1,25 @@
 # GENERATED from chapters/00_runtime.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/00_runtime.md:33
-"""Where minipaged runs: GPU or CPU, real sizes or small ones, compiled or interpreted kernels."""
+# %% chapters/00_runtime.md:34
+"""Where minipaged runs: GPU or CPU, real or small sizes, compiled or interpreted."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-__all__ = ["has_gpu", "default_device", "by_device", "results_path", "uses_triton_interpreter",
-           "add_to_class", "glue"]
+__all__ = ["has_gpu", "default_device", "by_device", "results_path",
+           "uses_triton_interpreter", "TritonImportOrderError", "add_to_class", "glue"]
 
 T = TypeVar("T")
 
 if not torch.cuda.is_available():
-    # Must happen before any @triton.jit runs: Triton reads it when a kernel is defined.
+    # Before any @triton.jit runs: Triton reads this when a kernel is defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -38,12 +39,12 @@ def by_device(cpu: T, gpu: T) -> T:
 
 
 def uses_triton_interpreter() -> bool:
-    """True when Triton kernels run in the (slow, CPU) interpreter instead of being compiled."""
+    """True when Triton kernels run in the (slow, CPU) interpreter, not compiled."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def results_path(name: str) -> Path:
-    """Path of a recorded measurement, ``results/<name>``, in the repository that holds this package.
+    """Path of a recorded measurement, ``results/<name>``, in this package's repository.
 
     Falls back to ``./results/<name>`` (for a notebook run from the repository root).
     """
@@ -51,16 +52,63 @@ def results_path(name: str) -> Path:
     return beside_package if beside_package.exists() else Path("results") / name
 
 
-# %% chapters/00_runtime.md:109
-def add_to_class(cls: type):
-    """Decorator: attach the decorated function (or property, staticmethod, classmethod) to ``cls``.
+# %% chapters/00_runtime.md:122
+class TritonImportOrderError(RuntimeError):
+    """Triton was imported before minipaged, on a machine that needs its interpreter."""
 
-    ``@add_to_class(Manager)`` above ``def step(self): ...`` makes ``Manager.step`` exist from then
-    on, for instances made before and after.
+
+def _interpret_triton_language() -> int:
+    """Rebuild as interpreted the ``triton.language`` functions made before the switch.
+
+    Returns how many it rebuilt (0 when Triton came after the switch, or not at all).
+    """
+    if not uses_triton_interpreter() or "triton.language" not in sys.modules:
+        return 0
+    try:
+        import triton
+        from triton.language.core import _tensor_member_fn, tensor
+        from triton.runtime.jit import JITFunction
+
+        rebuilt: dict[int, tuple] = {}  # id(compiled) -> (compiled, interpreted)
+
+        def interpreted(compiled):
+            if id(compiled) not in rebuilt:
+                rebuilt[id(compiled)] = (compiled, triton.jit(compiled.fn))
+                if isinstance(rebuilt[id(compiled)][1], JITFunction):
+                    raise TypeError("triton.jit ignores TRITON_INTERPRET=1")
+            return rebuilt[id(compiled)][1]
+
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name + ".").startswith("triton.language."):
+                continue
+            for attribute, value in list(vars(module).items()):
+                if type(value) is JITFunction:
+                    setattr(module, attribute, interpreted(value))
+        for value in list(vars(tensor).values()):
+            if type(value) is JITFunction:
+                _tensor_member_fn(interpreted(value))  # the method form, x.max()
+    except Exception as error:  # any failure here means: this Triton cannot be repaired
+        raise TritonImportOrderError(
+            "Triton was imported before minipaged turned on its interpreter: put "
+            "`import minipaged` first, or set TRITON_INTERPRET=1 before starting Python"
+        ) from error
+    return len(rebuilt)
+
+
+_rebuilt_at_import = _interpret_triton_language()
+
+
+# %% chapters/00_runtime.md:210
+def add_to_class(cls: type):
+    """Decorator: attach a function (or property, staticmethod, classmethod) to ``cls``.
+
+    ``@add_to_class(Manager)`` above ``def step(self): ...`` makes ``Manager.step``
+    exist from then on, for instances made before and after.
     """
 
     def attach(member):
-        function = getattr(member, "fget", None) or getattr(member, "__func__", None) or member
+        function = (getattr(member, "fget", None) or getattr(member, "__func__", None)
+                    or member)
         name = function.__name__
         setattr(cls, name, member)
         if hasattr(member, "__set_name__"):  # e.g. functools.cached_property
@@ -70,11 +118,11 @@ def add_to_class(cls: type):
     return attach
 
 
-# %% chapters/00_runtime.md:155
+# %% chapters/00_runtime.md:257
 def glue(name: str, value: T, display: bool = False) -> T:
-    """Hand ``value`` to the book's prose as ``{glue:text}`name``` (myst-nb), and return it.
+    """Hand ``value`` to the prose as ``{glue:text}`name``` (myst-nb); return it.
 
-    Without myst-nb (Colab, a plain Jupyter) the value is shown when ``display`` is true.
+    Without myst-nb (Colab, a plain Jupyter) the value is shown if ``display`` is true.
     """
     try:
         from myst_nb import glue as myst_glue

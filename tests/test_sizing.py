@@ -23,7 +23,7 @@ def test_formula_is_linear_in_every_factor():
 
 def test_config_reader_uses_kv_heads_and_config_dtype():
     configs = reference_configs()
-    llama = configs["Llama-2-70B"]
+    llama = configs["Llama-3.1-70B"]
     assert kv_bytes_per_token_from_config(llama) == 320 * 1024
     assert kv_bytes_per_token_from_config(llama, dtype_bytes=1) == 160 * 1024
     shape = kv_shape_from_config(configs["Qwen3-0.6B"])
@@ -84,3 +84,13 @@ def test_unknown_config_dtype_is_an_error_not_a_guess():
     with pytest.raises(ValueError, match="dtype_bytes"):
         kv_shape_from_config(cfg)
     assert kv_shape_from_config(cfg, dtype_bytes=1).dtype_bytes == 1
+
+
+def test_reference_configs_stay_within_their_published_shapes():
+    configs = reference_configs()
+    assert set(configs) == {"Qwen3-0.6B", "Llama-3.1-8B", "Llama-3.1-70B"}
+    for name in ("Llama-3.1-8B", "Llama-3.1-70B"):               # 128K context (Llama 3.1)
+        assert configs[name].max_position_embeddings == 131072
+    big = kv_shape_from_config(configs["Llama-3.1-70B"])
+    assert (big.num_layers, big.num_kv_heads, big.head_dim, big.num_attention_heads) == (80, 8, 128, 64)
+    assert kv_shape_from_config(configs["Llama-3.1-8B"]).bytes_per_token == 128 * 1024

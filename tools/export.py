@@ -235,10 +235,16 @@ def package_init(modules: list[tuple[str, str, Path]]) -> str:
         '"""minipaged: a paged KV cache for LLM serving, built chapter by chapter.',
         "",
         "Public names load lazily, so `import minipaged` stays cheap and a chapter's module is only",
-        'imported when one of its names is used."""',
+        "imported when one of its names is used. The one exception is `minipaged.runtime`, imported",
+        "at once: on a machine without a GPU it switches Triton to its interpreter before any kernel",
+        'is defined (chapter 0)."""',
         "",
         "from importlib import import_module as _import_module",
         "",
+    ]
+    if any(module == "runtime" for module, _, _ in modules):
+        lines += ["from . import runtime as _runtime  # noqa: F401  (first: the CPU/GPU switch)", ""]
+    lines += [
         '__version__ = "0.1.0"',
         "",
         "_PUBLIC = {",
