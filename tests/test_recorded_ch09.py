@@ -70,3 +70,13 @@ def test_weight_bytes_a_decode_step_reads():
                    if name != "embed_tokens.weight")
     assert round(read / 1e9, 2) == 1.19
     assert round(read / 4.29e12 * 1e3, 2) == 0.28
+
+
+def test_cudnn_exclusion_figure():
+    """The chapter quotes how much faster transformers' padded generate ran without cuDNN."""
+    run = json.loads(results_path("engine_sdpa_backends_h200.json").read_text())
+    by_path = {r["path"]: r for r in run["rows"]}
+    ratio = (by_path["hf_generate_padded_no_cudnn"]["tok_per_s"]
+             / by_path["hf_generate_padded"]["tok_per_s"])
+    assert round(ratio, 1) == 3.4
+    assert by_path["hf_generate_padded"]["requests"] == 64
