@@ -279,7 +279,7 @@ class ForwardBatch:
         )
 
 
-# %% chapters/09_qwen3.md:750
+# %% chapters/09_qwen3.md:754
 _PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                           SDPBackend.MATH]
 """SDPA kernels prefill may use: not cuDNN, which plans anew for every new length."""
@@ -316,7 +316,7 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out
 
 
-# %% chapters/09_qwen3.md:836
+# %% chapters/09_qwen3.md:840
 class Qwen3PagedAttention(nn.Module):
     """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
 
@@ -335,7 +335,7 @@ class Qwen3PagedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    # %% chapters/09_qwen3.md:861
+    # %% chapters/09_qwen3.md:865
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
@@ -352,7 +352,7 @@ class Qwen3PagedAttention(nn.Module):
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-# %% chapters/09_qwen3.md:928
+# %% chapters/09_qwen3.md:932
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
@@ -383,7 +383,7 @@ class Qwen3PagedLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/09_qwen3.md:986
+# %% chapters/09_qwen3.md:990
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
@@ -425,7 +425,7 @@ class Qwen3PagedModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    # %% chapters/09_qwen3.md:1036
+    # %% chapters/09_qwen3.md:1040
     @classmethod
     def from_state_dict(cls, config,
                         state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
@@ -455,7 +455,7 @@ class Qwen3PagedModel(nn.Module):
             model.inv_freq = rotary.inv_freq.detach().float().clone()
         return model
 
-    # %% chapters/09_qwen3.md:1074
+    # %% chapters/09_qwen3.md:1078
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """An empty paged cache shaped for this model, in its dtype and on its device."""
         c = self.config
@@ -472,7 +472,7 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-# %% chapters/09_qwen3.md:1129
+# %% chapters/09_qwen3.md:1133
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager."""
 LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1.2e-1}
@@ -519,7 +519,7 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
-# %% chapters/09_qwen3.md:1253
+# %% chapters/09_qwen3.md:1257
 @dataclass
 class GreedyTrace:
     """What ``greedy_generate`` produced: tokens, their logits, the block history."""
@@ -541,7 +541,7 @@ def _grow_table(table: list[int], free: list[int], tokens: int, block_size: int,
     table.extend(free.pop() for _ in range(grow))
 
 
-# %% chapters/09_qwen3.md:1280
+# %% chapters/09_qwen3.md:1284
 def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
                     prompts: list[list[int]], max_new_tokens: int, *,
                     arrivals: list[int] | None = None, seed: int = 0,
@@ -588,7 +588,7 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
     return trace
 
 
-# %% chapters/09_qwen3.md:1332
+# %% chapters/09_qwen3.md:1336
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.

@@ -80,3 +80,10 @@ def test_cudnn_exclusion_figure():
              / by_path["hf_generate_padded"]["tok_per_s"])
     assert round(ratio, 1) == 3.4
     assert by_path["hf_generate_padded"]["requests"] == 64
+
+
+def test_copy_bandwidth_the_roofline_uses():
+    run = json.loads(results_path("decode_attention_h200.json").read_text())
+    assert run["copy_bandwidth_tbps"] == pytest.approx(4.29)
+    ridge = 1979e12 / 2 / (run["copy_bandwidth_tbps"] * 1e12)
+    assert round(ridge) == 231
