@@ -5,20 +5,29 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-
-def new_token_slots(block_table: list[int], context_len: int, count: int, block_size: int) -> list[int]:
-    """Exercise 9.1: cache slots of `count` new tokens placed after `context_len` cached ones."""
-    raise NotImplementedError("Exercise 9.1: return the slot of each new token "
-                              "(edit exercises/ch09_qwen3.py, new_token_slots)")
+from minipaged.qwen3 import Qwen3PagedModel
 
 
-def prefix_causal_mask(context_len: int, query_len: int) -> torch.Tensor:
-    """Exercise 9.2: bool [query_len, context_len + query_len], True where a new token may look."""
-    raise NotImplementedError("Exercise 9.2: return the causal mask over a cached prefix and the new "
-                              "tokens (edit exercises/ch09_qwen3.py, prefix_causal_mask)")
+def from_hf_linear_rope(hf_model) -> Qwen3PagedModel:
+    """Exercise 9.1: a paged model for a transformers Qwen3 whose config uses linear RoPE."""
+    raise NotImplementedError("Exercise 9.1: build a Qwen3PagedModel that matches a "
+                              "linear-RoPE transformers model (from_hf_linear_rope)")
 
 
-def last_token_rows(query_lens: list[int]) -> list[int]:
-    """Exercise 9.3: flat row of the last new token of each sequence of a flat batch."""
-    raise NotImplementedError("Exercise 9.3: return the row of each sequence's last new token "
-                              "(edit exercises/ch09_qwen3.py, last_token_rows)")
+def check_rope(rope) -> None:
+    """Exercise 9.2: return for a correct ``rope(x [N, H, D], positions [N])``, theta 1e4;
+    raise AssertionError for a wrong one."""
+    raise NotImplementedError("Exercise 9.2: write assertions that a wrong rotary "
+                              "embedding fails (check_rope)")
+
+
+def decode_intensity(config, batch: int, context_len: int) -> float:
+    """Exercise 9.3: FLOPs per byte of one bf16 decode step of ``batch`` sequences."""
+    raise NotImplementedError("Exercise 9.3: count the FLOPs and bytes of a batched "
+                              "decode step (decode_intensity)")
+
+
+def ridge_batch(config, context_len: int, ridge: float) -> int | None:
+    """Exercise 9.3: the smallest batch whose decode intensity reaches ``ridge``, or None."""
+    raise NotImplementedError("Exercise 9.3: find the smallest batch that reaches the "
+                              "ridge, or show that none does (ridge_batch)")

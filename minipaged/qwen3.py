@@ -1,14 +1,15 @@
 # GENERATED from chapters/09_qwen3.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/09_qwen3.md:71
-"""Qwen3 on the paged KV cache: a decoder whose attention writes and reads minipaged's block pool.
+# %% chapters/09_qwen3.md:132
+"""Qwen3 on the paged KV cache: a decoder whose attention writes and reads the pool.
 
-The model reads a flat batch of new tokens (`ForwardBatch`): their ids and positions, the cache slot
-each token's key/value goes to, and, for attention over cached tokens, block tables and sequence
-lengths. Prefill attends per sequence with SDPA (after reading any cached prefix back with
-`PagedKVCache.gather`); decode reads the cache with `paged_attention`. Weights come from a
-transformers `Qwen3ForCausalLM`, which is also the reference every check compares against.
+The model reads a flat batch of new tokens (`ForwardBatch`): their ids and positions,
+the cache slot each token's key/value goes to, and, for attention over cached tokens,
+block tables and sequence lengths. Prefill attends per sequence with SDPA (after reading
+any cached prefix back with `PagedKVCache.gather`); decode reads the cache with
+`paged_attention`. Weights come from a transformers `Qwen3ForCausalLM`, which is also
+the reference every check compares against.
 """
 
 from __future__ import annotations
@@ -58,17 +59,20 @@ class HubUnavailableError(RuntimeError):
     """A pretrained model or tokenizer could not be loaded from the Hugging Face hub."""
 
 
+# %% chapters/09_qwen3.md:194
 def tiny_qwen3_config(**overrides):
-    """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, vocab 512, GQA 4:2.
+    """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, GQA 4:2.
 
-    Untied embeddings and ``initializer_range=0.2`` keep a random model's greedy output varied.
+    Untied embeddings and ``initializer_range=0.2`` keep a random model's greedy output
+    varied.
     """
     from transformers import Qwen3Config
 
     settings = dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        initializer_range=0.2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     settings.update(overrides)
@@ -76,26 +80,30 @@ def tiny_qwen3_config(**overrides):
 
 
 def qwen3_0_6b_config(**overrides):
-    """Qwen3-0.6B's exact shape (28 layers, hidden 1024, 16 query / 8 KV heads, head_dim 128).
+    """Qwen3-0.6B's exact shape: 28 layers, hidden 1024, 16 query / 8 KV heads.
 
     The published model ties its embeddings; for random-weight parity runs pass
     ``tie_word_embeddings=False, initializer_range=0.2`` (see ``tiny_qwen3_config``).
     """
     settings = dict(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rms_norm_eps=1e-6, tie_word_embeddings=True,
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
     settings.update(overrides)
     return tiny_qwen3_config(**settings)
 
 
+# %% chapters/09_qwen3.md:245
 def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, attn_implementation: str = "eager"):
+                 device: torch.device | str | None = None,
+                 attn_implementation: str = "eager"):
     """A transformers ``Qwen3ForCausalLM`` with random weights drawn from a fixed seed.
 
-    Never touches the network. Generation is set up for parity runs: no EOS stop, pad id 0.
+    Never touches the network. Generation is set up for parity runs: no EOS stop, pad id
+    0.
     """
     from transformers import Qwen3ForCausalLM
 
@@ -109,30 +117,35 @@ def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
     return model
 
 
-def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *, dtype: torch.dtype = torch.bfloat16,
-                   device: torch.device | str | None = None, local_files_only: bool = False):
-    """``(model, tokenizer)`` of a pretrained Qwen3 from the Hugging Face hub (or its local cache).
+def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
+                   dtype: torch.dtype = torch.bfloat16,
+                   device: torch.device | str | None = None,
+                   local_files_only: bool = False):
+    """``(model, tokenizer)`` of a pretrained Qwen3 from the Hugging Face hub.
 
-    ``local_files_only=True`` never opens a connection. Raises ``HubUnavailableError`` with what to
-    do when the model cannot be loaded.
+    ``local_files_only=True`` never opens a connection (the local cache only). Raises
+    ``HubUnavailableError`` with what to do when the model cannot be loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager",
-                                                     local_files_only=local_files_only)
-    except OSError as error:  # no connection, offline mode without a cached copy, unknown name
+        tokenizer = AutoTokenizer.from_pretrained(
+            name, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=dtype, attn_implementation="eager",
+            local_files_only=local_files_only)
+    except OSError as error:  # no network, offline without a copy, unknown name
         raise HubUnavailableError(
-            f"could not load {name!r} from the Hugging Face hub: {error}. Check the network (or "
-            "unset HF_HUB_OFFLINE), or run with the offline random model (random_qwen3)."
+            f"could not load {name!r} from the Hugging Face hub: {error}. Check the "
+            "network (or unset HF_HUB_OFFLINE), or run with the offline random model "
+            "(random_qwen3)."
         ) from error
     return model.to(device or "cpu").eval(), tokenizer
 
 
-# %% chapters/09_qwen3.md:239
+# %% chapters/09_qwen3.md:342
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last axis: fp32 statistics, cast back, then the gain."""
+    """Root-mean-square norm over the last axis: fp32 statistics, then the gain."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -146,14 +159,16 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+# %% chapters/09_qwen3.md:394
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """Inverse frequencies of the rotary embedding, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    """Inverse frequencies of RoPE, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return 1.0 / (theta ** exponents)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [N, D] for tokens at ``positions`` [N]: angles in fp32, then cast to ``dtype``."""
+    """cos and sin [N, D] for tokens at ``positions`` [N]: fp32 angles, cast."""
     angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -166,7 +181,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# %% chapters/09_qwen3.md:325
+# %% chapters/09_qwen3.md:456
 def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -175,11 +190,12 @@ def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
 class ForwardBatch:
     """One model step for a batch of sequences, over a flat axis of their new tokens.
 
-    Sequence ``i`` contributes ``query_lens[i]`` new tokens (a prompt, a prompt suffix after a cached
-    prefix, or one decode token) on top of ``context_lens[i]`` tokens already in the cache.
-    ``block_tables`` [B, M] int32 and ``seq_lens`` [B] int32 (= context + new) describe where each
-    sequence's tokens live; ``slot_mapping`` [N] says where each new token's K/V is written
-    (-1 skips the write). ``logits_indices`` selects the rows the LM head runs on.
+    Sequence ``i`` contributes ``query_lens[i]`` new tokens (a prompt, a prompt suffix
+    after a cached prefix, or one decode token) on top of ``context_lens[i]`` tokens
+    already in the cache. ``block_tables`` [B, M] int32 and ``seq_lens`` [B] int32
+    (= context + new) describe where each sequence's tokens live; ``slot_mapping`` [N]
+    says where each new token's K/V is written (-1 skips the write).
+    ``logits_indices`` selects the rows the LM head runs on.
     """
 
     input_ids: torch.Tensor
@@ -193,12 +209,15 @@ class ForwardBatch:
     is_decode: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.query_lens, self.context_lens = tuple(self.query_lens), tuple(self.context_lens)
+        self.query_lens = tuple(self.query_lens)
+        self.context_lens = tuple(self.context_lens)
         n, b = sum(self.query_lens), len(self.query_lens)
         if b == 0 or min(self.query_lens) < 1:
-            raise ValueError(f"every sequence needs at least one new token, got query_lens={self.query_lens}")
+            raise ValueError("every sequence needs at least one new token, "
+                             f"got query_lens={self.query_lens}")
         if len(self.context_lens) != b or min(self.context_lens) < 0:
-            raise ValueError(f"context_lens must give one count >= 0 per sequence, got {self.context_lens}")
+            raise ValueError("context_lens must give one count >= 0 per sequence, "
+                             f"got {self.context_lens}")
         for name in ("input_ids", "positions", "slot_mapping"):
             if getattr(self, name).shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},) = sum(query_lens), "
@@ -206,54 +225,64 @@ class ForwardBatch:
         self.is_decode = max(self.query_lens) == 1
         needs_tables = self.is_decode or max(self.context_lens) > 0
         if needs_tables and (self.block_tables is None or self.seq_lens is None):
-            raise ValueError("block_tables and seq_lens are required for decode and for a cached prefix")
+            raise ValueError("block_tables and seq_lens are required for decode and "
+                             "for a cached prefix")
         if self.block_tables is not None and self.block_tables.shape[0] != b:
-            raise ValueError(f"block_tables needs one row per sequence ({b}), got {self.block_tables.shape[0]}")
+            raise ValueError(f"block_tables needs one row per sequence ({b}), "
+                             f"got {self.block_tables.shape[0]}")
         if self.logits_indices is None:
             last = torch.tensor(self.query_lens).cumsum(0) - 1
             self.logits_indices = last.to(self.input_ids.device, non_blocking=True)
 
+    # %% chapters/09_qwen3.md:516
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
 
     @classmethod
     def from_sequences(cls, new_tokens: list[list[int]], context_lens: list[int],
                        block_tables: list[list[int]], block_size: int,
                        device: torch.device | str | None = None) -> ForwardBatch:
-        """Build a batch from per-sequence new tokens, cached counts and (already grown) block tables.
+        """A batch from per-sequence new tokens, cached counts and (grown) block tables.
 
-        Positions continue each sequence after its cached tokens; slots come from its block table
-        through chapter 3's ``slots_for_positions``: ``table[pos // block_size] * block_size +
-        pos % block_size``. Tables are padded with block 0, which attention never reads.
+        Positions continue each sequence after its cached tokens; slots come from its block
+        table through chapter 3's ``slots_for_positions``: ``table[pos // block_size] *
+        block_size + pos % block_size``. Tables are padded with block 0, never read.
         """
         device = device or "cpu"
         ids, positions = [], []
-        for tokens, start, table in zip(new_tokens, context_lens, block_tables, strict=True):
+        for tokens, start, table in zip(new_tokens, context_lens, block_tables,
+                                        strict=True):
             end = start + len(tokens)
             if blocks_needed(end, block_size) > len(table):
-                raise ValueError(f"a block table of {len(table)} blocks cannot hold {end} tokens at "
-                                 f"block size {block_size}: allocate blocks before building the batch")
+                problem = f"a block table of {len(table)} blocks cannot hold {end} tokens"
+                where = f"at block size {block_size}"
+                fix = "allocate blocks before building the batch"
+                raise ValueError(f"{problem} {where}: {fix}")
             ids += list(tokens)
             positions += range(start, end)
         query_lens = tuple(len(t) for t in new_tokens)
         tables = pad_block_tables(block_tables, pad_value=0)
         positions = torch.tensor(positions, dtype=torch.long)
-        rows = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+        rows = torch.repeat_interleave(torch.arange(len(query_lens)),
+                                       torch.tensor(query_lens))
+        slots = slots_for_positions(tables, positions, block_size, rows)
         lens = [c + q for c, q in zip(context_lens, query_lens)]
         return cls(
             input_ids=_int_tensor(ids, torch.long, device),
             positions=positions.to(device, non_blocking=True),
-            slot_mapping=slots_for_positions(tables, positions, block_size, rows).to(device, non_blocking=True),
+            slot_mapping=slots.to(device, non_blocking=True),
             query_lens=query_lens, context_lens=tuple(context_lens),
             block_tables=tables.to(device, non_blocking=True),
             seq_lens=_int_tensor(lens, torch.int32, device),
         )
 
 
-# %% chapters/09_qwen3.md:462
-_PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""SDPA kernels prefill may use: not cuDNN, which plans its kernel anew for every new prompt length."""
+# %% chapters/09_qwen3.md:755
+_PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                          SDPBackend.MATH]
+"""SDPA kernels prefill may use: not cuDNN, which plans anew for every new length."""
 
 
 def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -261,9 +290,9 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and itself.
 
-    ``query`` [N, Hq, D], ``key``/``value`` [N, Hkv, D] are this step's new tokens. A sequence with
-    ``context_lens[i] > 0`` reads its prefix back from ``cache`` (``gather``) before attending.
-    Returns [N, Hq, D].
+    ``query`` [N, Hq, D], ``key``/``value`` [N, Hkv, D] are this step's new tokens. A
+    sequence with ``context_lens[i] > 0`` reads its prefix back from ``cache``
+    (``gather``) before attending. Returns [N, Hq, D].
     """
     out = torch.empty_like(query)
     start = 0
@@ -274,19 +303,22 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             mask = None
             if ctx:  # query j sits at position ctx + j and may see keys 0 .. ctx + j
                 k_prefix, v_prefix = cache.gather(layer, batch.block_tables[i], ctx)
-                k, v = torch.cat((k_prefix.to(k.dtype), k)), torch.cat((v_prefix.to(v.dtype), v))
+                k = torch.cat((k_prefix.to(k.dtype), k))
+                v = torch.cat((v_prefix.to(v.dtype), v))
                 mask = (torch.arange(ctx + q_len, device=q.device)[None, :]
                         <= ctx + torch.arange(q_len, device=q.device)[:, None])
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                attn_mask=mask, is_causal=not ctx, scale=scale, enable_gqa=True)
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None], attn_mask=mask, is_causal=not ctx, scale=scale,
+                enable_gqa=True)
             out[start:start + q_len] = o[0].transpose(0, 1)
             start += q_len
     return out
 
 
+# %% chapters/09_qwen3.md:841
 class Qwen3PagedAttention(nn.Module):
-    """Qwen3 self-attention (GQA, QK-norm, RoPE) whose keys and values live in a ``PagedKVCache``."""
+    """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -295,16 +327,17 @@ class Qwen3PagedAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = self.head_dim ** -0.5
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        bias, hidden = config.attention_bias, config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                cache: PagedKVCache) -> torch.Tensor:
+    # %% chapters/09_qwen3.md:866
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
@@ -312,22 +345,23 @@ class Qwen3PagedAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
-            o = paged_attention(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
-                                scale=self.scale)
+            o = paged_attention(q, cache, self.layer_idx, batch.block_tables,
+                                batch.seq_lens, scale=self.scale)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-# %% chapters/09_qwen3.md:580
+# %% chapters/09_qwen3.md:933
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, config) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -343,29 +377,32 @@ class Qwen3PagedLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen3PagedMLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+# %% chapters/09_qwen3.md:991
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
-        raise UnsupportedConfigError(f"rope_type {rope['rope_type']!r} is not implemented (only 'default')")
+        raise UnsupportedConfigError(
+            f"rope_type {rope['rope_type']!r} is not implemented (only 'default')")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedConfigError("sliding-window attention is not implemented")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise UnsupportedConfigError(f"hidden_act {config.hidden_act!r} is not implemented (only 'silu')")
+        raise UnsupportedConfigError(
+            f"hidden_act {config.hidden_act!r} is not implemented (only 'silu')")
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
 class Qwen3PagedModel(nn.Module):
     """A Qwen3 causal LM that keeps its keys and values in a ``PagedKVCache``.
 
-    ``forward(batch, cache)`` runs one engine step (see ``ForwardBatch``) and returns logits
-    [len(batch.logits_indices), vocab] in the model's dtype.
+    ``forward(batch, cache)`` runs one engine step (see ``ForwardBatch``) and returns
+    logits [len(batch.logits_indices), vocab] in the model's dtype.
     """
 
     def __init__(self, config) -> None:
@@ -373,11 +410,12 @@ class Qwen3PagedModel(nn.Module):
         self.rope_theta = _check_supported(config)
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3PagedLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Qwen3PagedLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, self.rope_theta),
-                             persistent=False)
+        inv_freq = rope_inv_freq(config.head_dim, self.rope_theta)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -387,9 +425,11 @@ class Qwen3PagedModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
+    # %% chapters/09_qwen3.md:1041
     @classmethod
-    def from_state_dict(cls, config, state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
-        """Build from a transformers ``Qwen3ForCausalLM`` state dict; tensors are shared, not copied."""
+    def from_state_dict(cls, config,
+                        state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
+        """Build from a transformers ``Qwen3ForCausalLM`` state dict; tensors are shared."""
         with torch.device("meta"):
             model = cls(config)
         weights = {k.removeprefix("model."): v for k, v in state_dict.items()}
@@ -397,27 +437,31 @@ class Qwen3PagedModel(nn.Module):
             weights["lm_head.weight"] = weights["embed_tokens.weight"]
         missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
         if missing or unexpected:
-            raise ValueError(f"state dict does not match a Qwen3 model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            found = f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+            raise ValueError(f"state dict does not match a Qwen3 model: {found}")
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        model.inv_freq = rope_inv_freq(config.head_dim, model.rope_theta).to(model.embed_tokens.weight.device)
+        model.inv_freq = rope_inv_freq(config.head_dim, model.rope_theta).to(
+            model.embed_tokens.weight.device)
         return model.eval().requires_grad_(False)
+
 
     @classmethod
     def from_hf(cls, hf_model) -> Qwen3PagedModel:
         """Wrap the weights of a transformers ``Qwen3ForCausalLM`` (shared storage)."""
         model = cls.from_state_dict(hf_model.config, hf_model.state_dict())
         rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
-        if rotary is not None:  # the very same fp32 frequencies, computed where transformers did
+        if rotary is not None:  # the very same fp32 frequencies transformers computed
             model.inv_freq = rotary.inv_freq.detach().float().clone()
         return model
 
+    # %% chapters/09_qwen3.md:1079
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """An empty paged cache shaped for this model, in its dtype and on its device."""
         c = self.config
-        return PagedKVCache(c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads,
-                            c.head_dim, self.dtype, self.device)
+        return PagedKVCache(c.num_hidden_layers, num_blocks, block_size,
+                            c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
@@ -428,19 +472,20 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-# %% chapters/09_qwen3.md:724
-ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 8e-2}
-"""Largest relative error of a layer's attention output vs transformers eager, by dtype."""
-LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1.2e-1}
-"""Largest relative error of next-token logits vs transformers at any decode step, by dtype."""
+# %% chapters/09_qwen3.md:1134
+ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
+"""Largest relative error of a layer's attention output vs transformers eager."""
+LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1.2e-1}
+"""Largest relative error of next-token logits vs transformers at any decode step."""
 
 
 def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]], *,
                      block_size: int = 2, seed: int = 0) -> list[float]:
-    """Relative error of every layer's attention output, ours (one ragged prefill) vs transformers.
+    """Relative error of every layer's attention output, ours vs transformers'.
 
-    ``hf_model`` runs each prompt alone; the error of a layer is ``max |ours - theirs| / max |theirs|``
-    over all prompts' tokens. Returns one number per layer.
+    Ours runs one ragged prefill, ``hf_model`` each prompt alone; the error of a layer
+    is ``max |ours - theirs| / max |theirs|`` over all prompts' tokens. Returns one
+    number per layer.
     """
     ours: dict[int, torch.Tensor] = {}
     theirs: dict[int, list[torch.Tensor]] = {}
@@ -449,17 +494,18 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
         hooks.append(mine.self_attn.register_forward_hook(
             lambda m, args, out, i=i: ours.__setitem__(i, out.detach())))
         hooks.append(ref.self_attn.register_forward_hook(
-            lambda m, args, out, i=i: theirs.setdefault(i, []).append(out[0][0].detach())))
+            lambda m, args, out, i=i: theirs.setdefault(i, []).append(
+                out[0][0].detach())))
     try:
         counts = [blocks_needed(len(p), block_size) for p in prompts]
         cache = model.new_cache(sum(counts), block_size)
-        order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)).tolist()
-        tables, used = [], 0
+        rng = torch.Generator().manual_seed(seed)
+        order, tables, used = torch.randperm(sum(counts), generator=rng).tolist(), [], 0
         for n in counts:
             tables.append(order[used:used + n])
             used += n
-        model(ForwardBatch.from_sequences(prompts, [0] * len(prompts), tables, block_size,
-                                          model.device), cache)
+        model(ForwardBatch.from_sequences(prompts, [0] * len(prompts), tables,
+                                          block_size, model.device), cache)
         with torch.inference_mode():
             for p in prompts:
                 hf_model(torch.tensor([p], device=model.device))
@@ -473,10 +519,10 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
-# %% chapters/09_qwen3.md:831
+# %% chapters/09_qwen3.md:1258
 @dataclass
 class GreedyTrace:
-    """What ``greedy_generate`` produced: tokens, the logits behind them, and the block history."""
+    """What ``greedy_generate`` produced: tokens, their logits, the block history."""
 
     tokens: list[list[int]]
     logits: list[list[torch.Tensor]]
@@ -485,18 +531,32 @@ class GreedyTrace:
     mixed_steps: int = 0
 
 
-def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache, prompts: list[list[int]],
-                    max_new_tokens: int, *, arrivals: list[int] | None = None, seed: int = 0,
+def _grow_table(table: list[int], free: list[int], tokens: int, block_size: int,
+                seq: int) -> None:
+    """Give ``table`` blocks from ``free`` until it holds ``tokens`` tokens."""
+    grow = blocks_needed(tokens, block_size) - len(table)
+    if grow > len(free):
+        raise RuntimeError(f"paged cache exhausted: sequence {seq} needs {grow} more "
+                           f"blocks, {len(free)} free; give the cache more blocks")
+    table.extend(free.pop() for _ in range(grow))
+
+
+# %% chapters/09_qwen3.md:1285
+def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
+                    prompts: list[list[int]], max_new_tokens: int, *,
+                    arrivals: list[int] | None = None, seed: int = 0,
                     keep_logits: bool = True) -> GreedyTrace:
     """Greedy decoding of several prompts through the paged cache, without padding.
 
-    Each step runs ONE forward over every active sequence: the prompt of a sequence that arrives at
-    this step (``arrivals[i]``, default 0), one token for every other. End-of-sequence is ignored:
-    every prompt gets ``max_new_tokens`` tokens. Raises ``RuntimeError`` when the cache runs out.
+    Each step runs ONE forward over every active sequence: the prompt of a sequence that
+    arrives at this step (``arrivals[i]``, default 0), one token for every other.
+    End-of-sequence is ignored: every prompt gets ``max_new_tokens`` tokens. Raises
+    ``RuntimeError`` when the cache runs out.
     """
     arrivals = arrivals or [0] * len(prompts)
     bs = cache.block_size
-    free = torch.randperm(cache.num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    rng = torch.Generator().manual_seed(seed)
+    free = torch.randperm(cache.num_blocks, generator=rng).tolist()
     tables: dict[int, list[int]] = {}
     cached = [0] * len(prompts)
     trace = GreedyTrace([[] for _ in prompts], [[] for _ in prompts], [])
@@ -509,13 +569,10 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache, prompts: list[l
             continue
         new = [prompts[i] if cached[i] == 0 else trace.tokens[i][-1:] for i in active]
         for i, tokens in zip(active, new):
-            grow = blocks_needed(cached[i] + len(tokens), bs) - len(tables.get(i, []))
-            if grow > len(free):
-                raise RuntimeError(f"paged cache exhausted: sequence {i} needs {grow} more blocks, "
-                                   f"{len(free)} free; give the cache more blocks")
-            tables.setdefault(i, []).extend(free.pop() for _ in range(grow))
+            _grow_table(tables.setdefault(i, []), free, cached[i] + len(tokens), bs, i)
         batch = ForwardBatch.from_sequences(new, [cached[i] for i in active],
-                                            [tables[i] for i in active], bs, model.device)
+                                            [tables[i] for i in active], bs,
+                                            model.device)
         trace.decode_steps += batch.is_decode
         trace.mixed_steps += (not batch.is_decode) and min(batch.query_lens) == 1
         logits = model(batch, cache).float()
@@ -526,25 +583,28 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache, prompts: list[l
             trace.tokens[i].append(chosen[row])
             if keep_logits:
                 trace.logits[i].append(logits[row].cpu())
-            if len(trace.tokens[i]) == max_new_tokens:  # done: its blocks go back to the pool
+            if len(trace.tokens[i]) == max_new_tokens:  # done: its blocks go back
                 free.extend(tables.pop(i))
     return trace
 
 
+# %% chapters/09_qwen3.md:1337
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """transformers ``generate(do_sample=False)`` per prompt (no padding), with its step logits.
+    """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.
 
-    Returns the new tokens of each prompt and, per prompt, a [max_new_tokens, vocab] fp32 tensor.
-    transformers keeps a contiguous (non-paged) cache, so this is also the contiguous baseline.
+    Returns the new tokens of each prompt and, per prompt, a [max_new_tokens, vocab]
+    fp32 tensor. transformers keeps a contiguous (non-paged) cache: the contiguous
+    baseline.
     """
     tokens, logits = [], []
     device = hf_model.device
     for prompt in prompts:
         ids = torch.tensor([prompt], device=device)
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                do_sample=False, max_new_tokens=max_new_tokens,
+                                min_new_tokens=max_new_tokens, output_logits=True,
+                                return_dict_in_generate=True, pad_token_id=0)
         tokens.append(out.sequences[0, len(prompt):].tolist())
         logits.append(torch.stack([step[0].float().cpu() for step in out.logits]))
     return tokens, logits

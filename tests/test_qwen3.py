@@ -189,3 +189,15 @@ def test_prefill_attention_keeps_sdpa_off_cudnn(monkeypatch):
     assert out.shape == (5, 4, 16) and torch.isfinite(out).all()
     assert seen == [(False, True), (False, True)]          # one call per sequence, never cuDNN
     assert torch.backends.cuda.cudnn_sdp_enabled() == enabled_before   # restored afterwards
+
+
+def test_fp16_parity_within_its_tolerance(prompts):
+    """The fp16 path (the chapter's dtype on GPUs without native bf16, a T4) stays in bounds."""
+    from minipaged.qwen3 import LOGITS_TOLERANCE
+
+    assert ATTENTION_TOLERANCE[torch.float32] < ATTENTION_TOLERANCE[torch.float16] \
+        < ATTENTION_TOLERANCE[torch.bfloat16]
+    assert LOGITS_TOLERANCE[torch.float16] < LOGITS_TOLERANCE[torch.bfloat16]
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float16)
+    errors = attention_parity(Qwen3PagedModel.from_hf(hf), hf, prompts, block_size=2)
+    assert max(errors) < ATTENTION_TOLERANCE[torch.float16], errors
