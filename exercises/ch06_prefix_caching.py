@@ -25,3 +25,15 @@ def blocks_taken(num_prompt_tokens: int, block_size: int, cached_blocks: int, un
     """Exercise 6.3: free blocks admitting a prompt (and computing the rest of it) takes."""
     raise NotImplementedError("Exercise 6.3: count revived hits plus uncached blocks "
                               "(edit exercises/ch06_prefix_caching.py, blocks_taken)")
+
+
+def prefix_cache_checks(manager_cls) -> None:
+    """Exercise 6.4: assertions that a correct prefix cache passes and a broken one fails.
+
+    ``manager_cls`` takes ``(num_physical_blocks, block_size, hash_fn=...)`` like
+    ``PrefixCachingBlockManager``. Build scenarios with it and ``assert`` what a correct cache
+    must do; return normally when every assertion holds.
+    """
+    raise NotImplementedError("Exercise 6.4: choose scenarios for the chapter's four rules and "
+                              "assert on them (edit exercises/ch06_prefix_caching.py, "
+                              "prefix_cache_checks)")
