@@ -1,7 +1,7 @@
 # GENERATED from chapters/05_sharing.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/05_sharing.md:131
+# %% chapters/05_sharing.md:130
 """Shared blocks: reference counts, fork, copy-on-write, swapping to a CPU pool,
 debugging aids."""
 
@@ -41,7 +41,7 @@ class BlockEvent(NamedTuple):
     detail: str = ""
 
 
-# %% chapters/05_sharing.md:179
+# %% chapters/05_sharing.md:178
 class SharingBlockManager(KVBlockManager):
     """A ``KVBlockManager`` whose blocks can be shared between sequences.
 
@@ -97,7 +97,7 @@ class SharingBlockManager(KVBlockManager):
         super()._untake_block(block)
         self._log("untake", None, block)
 
-    # %% chapters/05_sharing.md:246
+    # %% chapters/05_sharing.md:245
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Start ``child_id`` as a copy of ``parent_id``, sharing every block (no copy)."""
         self._check_no_step(f"fork {parent_id!r}")
@@ -111,7 +111,7 @@ class SharingBlockManager(KVBlockManager):
         self._seqs[child_id] = child
         self._released.pop(child_id, None)
 
-    # %% chapters/05_sharing.md:271
+    # %% chapters/05_sharing.md:270
     def first_inconsistency(self) -> str | None:
         """Reconcile tables, reference counts, free lists of both pools and the table array;
         name the first bad block (None: all consistent)."""
@@ -160,7 +160,7 @@ class SharingBlockManager(KVBlockManager):
         extra = set(places) - set(range(self.num_cpu_blocks))
         return f"CPU block {min(extra)} is outside the CPU pool" if extra else None
 
-    # %% chapters/05_sharing.md:361
+    # %% chapters/05_sharing.md:360
     def _shared_partial_block(self, state: SequenceState, position: int) -> int | None:
         """Table index of the block token ``position`` writes into, if it is shared."""
         if position % self.block_size == 0:
@@ -212,7 +212,7 @@ class SharingBlockManager(KVBlockManager):
         self._log("ref", state.seq_id, src, f"copy to block {dst} undone")
         self._untake_block(dst)
 
-    # %% chapters/05_sharing.md:526
+    # %% chapters/05_sharing.md:525
     def block_owners(self) -> dict[int, list[Hashable]]:
         """GPU block -> the sequences whose tables hold it (only allocated blocks)."""
         owners: dict[int, list[Hashable]] = {}
@@ -232,7 +232,7 @@ class SharingBlockManager(KVBlockManager):
                 filled[block] = max(filled.get(block, 0), min(bs, tokens - j * bs))
         return sum(bs - f for f in filled.values())
 
-    # %% chapters/05_sharing.md:769
+    # %% chapters/05_sharing.md:768
     def _state(self, seq_id: Hashable) -> SequenceState:
         if seq_id in self._swapped:
             hint = ("it is swapped out to the CPU pool: swap_in() it first, "
@@ -262,7 +262,7 @@ class SharingBlockManager(KVBlockManager):
         """Whether ``seq_id`` is parked in the CPU pool (not usable until ``swap_in``)."""
         return seq_id in self._swapped
 
-    # %% chapters/05_sharing.md:810
+    # %% chapters/05_sharing.md:809
     def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the CPU pool. Returns (gpu_block, cpu_block) copies,
         which the cache must run before any of those GPU blocks is written again (before the
@@ -313,7 +313,7 @@ class SharingBlockManager(KVBlockManager):
             self._cpu_free.push(cpu_block)
         self._released[seq_id] = None
 
-    # %% chapters/05_sharing.md:915
+    # %% chapters/05_sharing.md:914
     def history(self, seq_id: Hashable) -> list[BlockEvent]:
         """The logged events of one sequence, oldest first."""
         return [e for e in self.events if e.seq_id == seq_id]
@@ -370,7 +370,7 @@ class SharingBlockManager(KVBlockManager):
                         + f"the log says {tables.get(seq_id)}")
         return None
 
-    # %% chapters/05_sharing.md:1246
+    # %% chapters/05_sharing.md:1245
     def _new_blocks_for_step(self, states: list[SequenceState],
                              counts: list[int]) -> list[int]:
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
@@ -395,7 +395,7 @@ class SharingBlockManager(KVBlockManager):
         return needed.tolist()
 
 
-# %% chapters/05_sharing.md:577
+# %% chapters/05_sharing.md:576
 def _replay(make_manager: Callable[[], SharingBlockManager], requests: Sequence,
             step_fn: Callable[[SharingBlockManager, object], Iterable[list[int]]],
             ) -> float:
@@ -439,7 +439,7 @@ def parallel_sampling_savings(requests: Sequence, n: int,
                    requests, steps)
 
 
-# %% chapters/05_sharing.md:623
+# %% chapters/05_sharing.md:622
 def beam_search_savings(requests: Sequence, width: int, block_size: int = 16,
                         alpha: float = 1.0, seed: int = 0) -> float:
     """Share of KV blocks saved by sharing among ``width`` beams, over all decode steps.
