@@ -232,7 +232,7 @@ class SharingBlockManager(KVBlockManager):
                 filled[block] = max(filled.get(block, 0), min(bs, tokens - j * bs))
         return sum(bs - f for f in filled.values())
 
-    # %% chapters/05_sharing.md:769
+    # %% chapters/05_sharing.md:776
     def _state(self, seq_id: Hashable) -> SequenceState:
         if seq_id in self._swapped:
             hint = ("it is swapped out to the CPU pool: swap_in() it first, "
@@ -262,7 +262,7 @@ class SharingBlockManager(KVBlockManager):
         """Whether ``seq_id`` is parked in the CPU pool (not usable until ``swap_in``)."""
         return seq_id in self._swapped
 
-    # %% chapters/05_sharing.md:810
+    # %% chapters/05_sharing.md:817
     def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the CPU pool. Returns (gpu_block, cpu_block) copies,
         which the cache must run before any of those GPU blocks is written again (before the
@@ -313,7 +313,7 @@ class SharingBlockManager(KVBlockManager):
             self._cpu_free.push(cpu_block)
         self._released[seq_id] = None
 
-    # %% chapters/05_sharing.md:915
+    # %% chapters/05_sharing.md:922
     def history(self, seq_id: Hashable) -> list[BlockEvent]:
         """The logged events of one sequence, oldest first."""
         return [e for e in self.events if e.seq_id == seq_id]
@@ -370,7 +370,7 @@ class SharingBlockManager(KVBlockManager):
                         + f"the log says {tables.get(seq_id)}")
         return None
 
-    # %% chapters/05_sharing.md:1248
+    # %% chapters/05_sharing.md:1255
     def _new_blocks_for_step(self, states: list[SequenceState],
                              counts: list[int]) -> list[int]:
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
