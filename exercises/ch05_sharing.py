@@ -20,17 +20,17 @@ class SharingTeachingManager(TeachingBlockManager):
 
     def fork(self, request, new_request) -> None:
         """Start new_request sharing every block of request (counts go up, nothing is copied)."""
-        raise NotImplementedError("Exercise 5.1: share the table and count the references "
+        raise NotImplementedError("Exercise 5.1: implement fork "
                                   "(edit exercises/ch05_sharing.py, SharingTeachingManager.fork)")
 
     def append(self, request) -> int:
         """Place the next token; copy-on-write first if it would write into a shared block."""
-        raise NotImplementedError("Exercise 5.1: append with copy-on-write "
+        raise NotImplementedError("Exercise 5.1: implement append "
                                   "(edit exercises/ch05_sharing.py, SharingTeachingManager.append)")
 
     def free(self, request) -> None:
         """Drop the request; blocks go back to the free list only when their count reaches zero."""
-        raise NotImplementedError("Exercise 5.1: free with reference counts "
+        raise NotImplementedError("Exercise 5.1: implement free "
                                   "(edit exercises/ch05_sharing.py, SharingTeachingManager.free)")
 
 
