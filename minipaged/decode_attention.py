@@ -125,7 +125,7 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
              result.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/08_paged_attention.md:400
+# %% chapters/08_paged_attention.md:401
 def _launch_config(head_dim: int, device: torch.device,
                    split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
@@ -165,7 +165,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return out
 
 
-# %% chapters/08_paged_attention.md:548
+# %% chapters/08_paged_attention.md:550
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -228,7 +228,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:621
+# %% chapters/08_paged_attention.md:623
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -258,7 +258,7 @@ def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, 
     return tokens_per_split, max(1, -(-max_tokens // tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:663
+# %% chapters/08_paged_attention.md:666
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -291,7 +291,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:700
+# %% chapters/08_paged_attention.md:703
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -330,7 +330,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:741
+# %% chapters/08_paged_attention.md:744
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
