@@ -75,8 +75,8 @@ def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
         valid = positions < end
         if BLOCK_SIZE % TILE == 0:  # the tile lies in one block: contiguous rows
             block = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
-            in_block = tile_start % BLOCK_SIZE + tokens
-            token_offsets = block * stride_block + in_block * stride_token
+            token_offsets = (block * stride_block
+                             + (tile_start % BLOCK_SIZE + tokens) * stride_token)
         else:                       # the tile spans several blocks: one entry per row
             block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid, other=0)
             token_offsets = (block.to(tl.int64) * stride_block
