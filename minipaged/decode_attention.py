@@ -258,7 +258,7 @@ def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, 
     return tokens_per_split, max(1, -(-max_tokens // tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:666
+# %% chapters/08_paged_attention.md:671
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -291,7 +291,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:703
+# %% chapters/08_paged_attention.md:708
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -330,7 +330,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:744
+# %% chapters/08_paged_attention.md:749
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
