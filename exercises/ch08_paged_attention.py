@@ -5,28 +5,31 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-
-def merge_partials(o1: torch.Tensor, m1: float, l1: float, o2: torch.Tensor, m2: float,
-                   l2: float) -> tuple[torch.Tensor, float, float]:
-    """Exercise 8.1: merge two (normalised output, max score, denominator) triples of one query."""
-    raise NotImplementedError("Exercise 8.1: rescale both partials to the common max and combine "
-                              "(edit exercises/ch08_paged_attention.py, merge_partials)")
+from minipaged.kv_cache import PagedKVCache
 
 
-def decode_kv_bytes(batch: int, seq_len: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """Exercise 8.2: bytes of K and V one decode step of one layer must read."""
-    raise NotImplementedError("Exercise 8.2: count the K and V bytes of every cached token "
-                              "(edit exercises/ch08_paged_attention.py, decode_kv_bytes)")
+def decode_step_kv_bytes(total_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                         dtype_bytes: int) -> int:
+    """Exercise 8.1: bytes of K and V one decode step reads, over all layers."""
+    raise NotImplementedError("Exercise 8.1: count the K/V bytes a decode step reads "
+                              "(edit exercises/ch08_paged_attention.py, decode_step_kv_bytes)")
 
 
-def time_floor_us(bytes_: int, bandwidth_tb_s: float) -> float:
-    """Exercise 8.2: the shortest possible time, in microseconds, to read bytes_ at that bandwidth."""
-    raise NotImplementedError("Exercise 8.2: bytes over bandwidth, in microseconds "
-                              "(edit exercises/ch08_paged_attention.py, time_floor_us)")
+def kv_equals_weights(weight_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                      dtype_bytes: int) -> float:
+    """Exercise 8.1: cached tokens at which a step reads as many K/V bytes as weight bytes."""
+    raise NotImplementedError("Exercise 8.1: find the cache size that weighs as much as the model "
+                              "(edit exercises/ch08_paged_attention.py, kv_equals_weights)")
 
 
-def split_plan(batch: int, num_kv_heads: int, max_tokens: int, num_sms: int,
-               min_tokens_per_split: int = 256, programs_per_sm: int = 2) -> int:
-    """Exercise 8.3: the number of KV splits by the rule of minipaged's choose_num_splits."""
-    raise NotImplementedError("Exercise 8.3: fill the SMs, but keep every split long enough "
-                              "(edit exercises/ch08_paged_attention.py, split_plan)")
+def sliding_window_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                             block_tables: torch.Tensor, seq_lens: torch.Tensor, window: int,
+                             scale: float | None = None) -> torch.Tensor:
+    """Exercise 8.2: decode attention over each sequence's last ``window`` tokens only.
+
+    Same arguments and result as ``minipaged.paged_attention`` (no split needed), plus
+    ``window``: sequence ``b`` attends to positions ``[max(0, L - window), L)``.
+    """
+    raise NotImplementedError("Exercise 8.2: write a Triton decode kernel for a sliding window "
+                              "(edit exercises/ch08_paged_attention.py, "
+                              "sliding_window_attention)")

@@ -1,8 +1,8 @@
 # GENERATED from chapters/08_paged_attention.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/08_paged_attention.md:53
-"""Paged decode attention: one query token per sequence against its paged K/V, in Triton."""
+# %% chapters/08_paged_attention.md:70
+"""Paged decode attention: one query token per sequence against its paged K/V."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines: before triton)
+import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines)
 import triton
 import triton.language as tl
 
@@ -32,23 +32,140 @@ class PagedAttentionError(ValueError):
 def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: int,
                               block_tables: torch.Tensor, seq_lens: torch.Tensor,
                               scale: float | None = None) -> torch.Tensor:
-    """Decode attention in fp32, one sequence at a time through ``cache.gather``: ``[B, Hq, D]``."""
+    """Decode attention in fp32, one sequence at a time through ``cache.gather``."""
     batch, num_heads, head_dim = query.shape
     group = num_heads // cache.num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    out = torch.zeros(batch, num_heads, head_dim, dtype=torch.float32, device=query.device)
+    out = torch.zeros(batch, num_heads, head_dim, dtype=torch.float32,
+                      device=query.device)
     for b in range(batch):
         length = int(seq_lens[b])
         if length == 0:
             continue
         table = block_tables[b, :blocks_needed(length, cache.block_size)]
-        k, v = (x.float().repeat_interleave(group, dim=1) for x in cache.gather(layer, table, length))
+        k, v = (x.float().repeat_interleave(group, dim=1)
+                for x in cache.gather(layer, table, length))
         scores = torch.einsum("hd,thd->ht", query[b].float(), k) * scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), v)
     return out
 
 
-# %% chapters/08_paged_attention.md:235
+# %% chapters/08_paged_attention.md:313
+@triton.jit
+def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
+                  stride_block, stride_token,
+                  GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  DIM_PAD: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                  FP32_PRECISION: tl.constexpr):
+    """Online softmax of ``q [GROUP_PAD, DIM_PAD]`` over positions ``[start, end)``.
+
+    Returns ``(m, l, acc)``: running max (base 2), denominator, unnormalised output.
+    ``start`` must be a multiple of ``TILE`` (and of ``BLOCK_SIZE`` when that is larger
+    than ``TILE``).
+    """
+    dims = tl.arange(0, DIM_PAD)
+    dim_ok = dims < HEAD_DIM
+    tokens = tl.arange(0, TILE)
+    m = tl.full([GROUP_PAD], -float("inf"), dtype=tl.float32)
+    l = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    for tile_start in range(start, end, TILE):
+        positions = tile_start + tokens
+        valid = positions < end
+        if BLOCK_SIZE % TILE == 0:  # the tile lies in one block: contiguous rows
+            block = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
+            token_offsets = (block * stride_block
+                             + (tile_start % BLOCK_SIZE + tokens) * stride_token)
+        else:                       # the tile spans several blocks: one entry per row
+            block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid, other=0)
+            token_offsets = (block.to(tl.int64) * stride_block
+                             + (positions % BLOCK_SIZE) * stride_token)
+        offsets = token_offsets[:, None] + head_base + dims[None, :]
+        kv_mask = valid[:, None] & dim_ok[None, :]
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION) * scale_log2
+        scores = tl.where(valid[None, :], scores, -float("inf"))     # [GROUP_PAD, TILE]
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision=FP32_PRECISION)
+        m = m_new
+    return m, l, acc
+
+
+# %% chapters/08_paged_attention.md:365
+@triton.jit
+def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log2,
+                      group,
+                      stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
+                      stride_block, stride_token, stride_head,
+                      GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      DIM_PAD: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                      FP32_PRECISION: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    length = tl.load(lens_ptr + b)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    heads = kv_head * group + rows
+    io_mask = (rows < group)[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=io_mask, other=0.0)
+    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
+                              kv_head * stride_head, 0, length, scale_log2,
+                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
+                              BLOCK_SIZE, TILE, FP32_PRECISION)
+    result = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+             result.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+# %% chapters/08_paged_attention.md:401
+def _launch_config(head_dim: int, device: torch.device,
+                   split: bool) -> tuple[int, int, int]:
+    """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
+    if device.type != "cuda":
+        return 16, 4, 1         # interpreter: the smallest tile tl.dot accepts on GPUs
+    if head_dim > 128:
+        return 32, 4, 3
+    return (128 if split else 64), 4, 3
+
+
+def _fp32_precision(dtype: torch.dtype) -> str | None:
+    """``tl.dot``'s input_precision: exact fp32 products for fp32, else the default."""
+    return "ieee" if dtype == torch.float32 else None
+
+
+def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        scale: float | None = None) -> torch.Tensor:
+    """Version 1 (teaching): one program per (sequence, KV head), no split or checks."""
+    batch, num_heads, head_dim = query.shape
+    group = num_heads // cache.num_kv_heads
+    out = torch.empty_like(query)
+    tile, num_warps, num_stages = _launch_config(head_dim, query.device, split=False)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    stride_block, stride_token, stride_head = cache.strides()
+    _decode_kernel_v1[(batch, cache.num_kv_heads)](
+        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
+        out,
+        scale * 1.4426950408889634, group, query.stride(0), query.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0),
+        stride_block, stride_token, stride_head,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=cache.block_size,
+        TILE=tile,
+        FP32_PRECISION=_fp32_precision(query.dtype),
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+# %% chapters/08_paged_attention.md:550
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -57,7 +174,7 @@ def _paged_decode_kernel(
         stride_block, stride_token, stride_head,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-        PRECISION: tl.constexpr):
+        FP32_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -68,56 +185,29 @@ def _paged_decode_kernel(
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
     row_ok = rows < group
-    dim_ok = dims < HEAD_DIM
     heads = kv_head * group + rows
+    out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-    table_row = tables_ptr + b * stride_table
-    head_base = kv_head * stride_head
-    tokens = tl.arange(0, TILE)
-
-    m = tl.full([GROUP_PAD], -float("inf"), dtype=tl.float32)
-    l = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
-    for tile_start in range(start, end, TILE):
-        positions = tile_start + tokens
-        valid = positions < end
-        if BLOCK_SIZE % TILE == 0:  # the tile lies in one block: one table entry, contiguous rows
-            block = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
-            token_offsets = block * stride_block + (tile_start % BLOCK_SIZE + tokens) * stride_token
-        else:                       # the tile spans TILE // BLOCK_SIZE blocks: one entry per row
-            block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-            token_offsets = block * stride_block + (positions % BLOCK_SIZE) * stride_token
-        offsets = token_offsets[:, None] + head_base + dims[None, :]
-        kv_mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2   # [GROUP_PAD, TILE]
-        scores = tl.where(valid[None, :], scores, -float("inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-
-    safe_l = tl.where(l > 0, l, 1.0)
-    result = acc / safe_l[:, None]              # a split with no token leaves 0 (and l = 0)
-    out_mask = row_ok[:, None] & dim_ok[None, :]
+                mask=out_mask, other=0.0)
+    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
+                              kv_head * stride_head, start, end, scale_log2,
+                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
+                              BLOCK_SIZE, TILE, FP32_PRECISION)
+    result = acc / tl.where(l > 0, l, 1.0)[:, None]   # a split with no token: 0, l = 0
     if not SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:                                       # partial result of this split, merged below
-        part = (b * group * tl.num_programs(1) + heads) * num_splits + split    # [B, Hq, splits]
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result, mask=out_mask)
+    else:                                   # this split's partial result, merged below
+        part = (b * group * tl.num_programs(1) + heads) * num_splits + split  # [B,Hq,S]
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result,
+                 mask=out_mask)
         tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/08_paged_attention.md:318
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-                         SPLITS_PAD: tl.constexpr,
+def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
+                         num_splits, SPLITS_PAD: tl.constexpr,
                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -128,145 +218,175 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
     m = tl.load(part_ml_ptr + 2 * part, mask=split_ok, other=-float("inf"))
     l = tl.load(part_ml_ptr + 2 * part + 1, mask=split_ok, other=0.0)
     m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max == -float("inf"), 0.0, m_max)       # an empty sequence: all weights 0
+    m_max = tl.where(m_max == -float("inf"), 0.0, m_max)   # empty sequence: weights 0
     weight = tl.where(l > 0, tl.exp2(m - m_max) * l, 0.0)
     partial = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :],
                       mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
     total = tl.sum(weight, axis=0)
     result = tl.sum(weight[:, None] * partial, axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + dims, result.to(out_ptr.dtype.element_ty),
-             mask=dims < HEAD_DIM)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + dims,
+             result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:359
+# %% chapters/08_paged_attention.md:623
 _SM_COUNT: dict[int, int] = {}
 
 
 def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (cached); a small stand-in for the interpreter."""
+    """Streaming multiprocessors of a CUDA device (cached); a small stand-in else."""
     if device.type != "cuda":
-        return 4                    # the interpreter: small, so that CPU runs exercise the split path
+        return 4                # the interpreter: small, so CPU runs split too
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _SM_COUNT[index]
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device,
+def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int,
+                      device: torch.device,
                       min_tokens_per_split: int = 256, programs_per_sm: int = 2) -> int:
-    """Split-KV factor: ~``programs_per_sm`` programs per SM, each over >= ``min_tokens_per_split``."""
+    """Split-KV factor: about ``programs_per_sm`` programs per SM, each over at least
+    ``min_tokens_per_split`` tokens."""
     wanted = programs_per_sm * _num_sms(device) // max(1, batch * num_kv_heads)
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _launch_config(head_dim: int, device: torch.device, split: bool) -> tuple[int, int, int]:
-    """(tokens per tile, warps, pipeline stages) of the decode kernel; GPU values tuned on an H200."""
-    if device.type != "cuda":
-        return 16, 4, 1             # interpreter: the smallest tile tl.dot accepts on GPUs too
-    if head_dim > 128:
-        return 32, 4, 3
-    return (128 if split else 64), 4, 3
+def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, int]:
+    """(tokens per split, splits): ranges rounded up to whole granules, none empty."""
+    tokens_per_split = -(-max(max_tokens, 1) // num_splits)
+    tokens_per_split = -(-tokens_per_split // granule) * granule
+    return tokens_per_split, max(1, -(-max_tokens // tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:397
-def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor) -> None:
-    """Raise ``PagedAttentionError`` (or ``KVCacheError`` for the layer) on arguments that do not fit."""
+# %% chapters/08_paged_attention.md:671
+def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
     if query.dim() != 3:
-        raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], got {list(query.shape)}")
+        raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], "
+                                  f"got {list(query.shape)}")
     batch, num_heads, head_dim = query.shape
     if head_dim != cache.head_dim:
-        raise PagedAttentionError(f"query head_dim {head_dim} != cache head_dim {cache.head_dim}")
+        raise PagedAttentionError(f"query head_dim {head_dim} != cache head_dim "
+                                  f"{cache.head_dim}")
     if num_heads % cache.num_kv_heads:
-        raise PagedAttentionError(f"{num_heads} query heads are not a multiple of the cache's "
-                                  f"{cache.num_kv_heads} KV heads")
+        raise PagedAttentionError(f"{num_heads} query heads are not a multiple of the "
+                                  f"cache's {cache.num_kv_heads} KV heads")
     if query.dtype != cache.dtype:
-        raise PagedAttentionError(f"query is {query.dtype} but the cache holds {cache.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
-        raise PagedAttentionError(f"block_tables must be int32 [batch={batch}, max_blocks], got "
-                                  f"{block_tables.dtype} {list(block_tables.shape)}")
+        raise PagedAttentionError(f"query is {query.dtype} but the cache holds "
+                                  f"{cache.dtype}")
+    if (block_tables.dim() != 2 or block_tables.shape[0] != batch
+            or block_tables.dtype != torch.int32):
+        raise PagedAttentionError(f"block_tables must be int32 [batch={batch}, "
+                                  f"max_blocks], got {block_tables.dtype} "
+                                  f"{list(block_tables.shape)}")
     if seq_lens.shape != (batch,) or seq_lens.dtype != torch.int32:
-        raise PagedAttentionError(f"seq_lens must be int32 [batch={batch}], got {seq_lens.dtype} "
-                                  f"{list(seq_lens.shape)}")
-    for name, tensor in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        raise PagedAttentionError(f"seq_lens must be int32 [batch={batch}], got "
+                                  f"{seq_lens.dtype} {list(seq_lens.shape)}")
+    for name, tensor in (("query", query), ("block_tables", block_tables),
+                         ("seq_lens", seq_lens)):
         if tensor.device != cache.storage.device:
-            raise PagedAttentionError(f"{name} is on {tensor.device}, the cache on {cache.storage.device}")
+            raise PagedAttentionError(f"{name} is on {tensor.device}, the cache on "
+                                      f"{cache.storage.device}")
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """Raise ``PagedAttentionError`` if a length does not fit its table row or a block it reads is
-    outside the cache. Reads the values: free on the CPU, a synchronisation on a GPU."""
+# %% chapters/08_paged_attention.md:708
+def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor) -> None:
+    """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
+    it reads is outside the cache.
+
+    Reads the values: free on the CPU, a synchronisation on a GPU.
+    """
     width = block_tables.shape[1]
-    if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > width * cache.block_size):
-        raise PagedAttentionError(f"seq_lens must lie in [0, {width * cache.block_size}] (block_tables "
-                                  f"width {width} x block size {cache.block_size}), got "
-                                  f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
+    if seq_lens.numel() and (int(seq_lens.min()) < 0
+                             or int(seq_lens.max()) > width * cache.block_size):
+        raise PagedAttentionError(
+            f"seq_lens must lie in [0, {width * cache.block_size}] (block_tables width "
+            f"{width}"
+            f" x block size {cache.block_size}), got "
+            f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
     read = (torch.arange(width, device=block_tables.device)[None, :]
             < (seq_lens[:, None].long() + cache.block_size - 1) // cache.block_size)
     bad = read & ((block_tables < 0) | (block_tables >= cache.num_blocks))
     if bad.any():
         b, j = (int(i) for i in bad.nonzero()[0])
-        raise PagedAttentionError(f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is read but the "
-                                  f"cache has blocks 0..{cache.num_blocks - 1}")
+        raise PagedAttentionError(f"block_tables[{b}, {j}] = {int(block_tables[b, j])} "
+                                  f"is read "
+                                  f"but the cache has blocks 0..{cache.num_blocks - 1}")
 
 
-def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int, block_tables: torch.Tensor,
-                    seq_lens: torch.Tensor, scale: float | None = None,
-                    num_splits: int | None = None, out: torch.Tensor | None = None,
+def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(query)
+    if (out.shape != query.shape or out.dtype != query.dtype
+            or out.device != query.device):
+        raise PagedAttentionError(f"out must be like query ({query.dtype} "
+                                  f"{list(query.shape)} "
+                                  f"on {query.device}), got {out.dtype} "
+                                  f"{list(out.shape)} on "
+                                  f"{out.device}")
+    return out
+
+
+# %% chapters/08_paged_attention.md:749
+def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    scale: float | None = None, num_splits: int | None = None,
+                    out: torch.Tensor | None = None,
                     check_tables: bool | None = None) -> torch.Tensor:
-    """Decode attention of ``query[B, Hq, D]`` over each sequence's paged K/V: ``[B, Hq, D]``.
+    """Decode attention of ``query[B, Hq, D]`` over each sequence's paged K/V.
 
     Sequence ``b`` attends to its first ``seq_lens[b]`` tokens, found through
-    ``block_tables[b, t // block_size]``; query head ``h`` reads KV head ``h // (Hq // Hkv)``.
-    ``scale`` defaults to ``1/sqrt(D)``; ``num_splits`` (split-KV factor) is chosen when ``None``.
-    A sequence of length 0 gets zeros. Entries of ``block_tables`` past a sequence's length are
-    never read. ``out``, if given, is a tensor like ``query`` that receives the result.
-    With ``check_tables`` (default: when ``seq_lens`` is on the CPU) a length beyond its table row
-    or a block id outside the cache raises ``PagedAttentionError`` instead of reading wrong memory.
+    ``block_tables[b, t // block_size]``; query head ``h`` reads KV head
+    ``h // (Hq // Hkv)``; ``scale`` defaults to ``1/sqrt(D)``; the split-KV factor
+    ``num_splits`` is chosen when None. Length 0 gives zeros; table entries past a
+    sequence's length are never read. ``out``, if given, is like ``query`` and receives
+    the result. With ``check_tables`` (default: when ``seq_lens`` is on the CPU) a
+    length beyond its table row or a block outside the cache raises
+    ``PagedAttentionError``.
     """
     _check_inputs(query, cache, layer, block_tables, seq_lens)
     if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
         _check_tables(cache, block_tables, seq_lens)
+    out = _output_for(query, out)
     batch, num_heads, head_dim = query.shape
-    if out is None:
-        out = torch.empty_like(query)
-    elif out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
-        raise PagedAttentionError(f"out must be like query ({query.dtype} {list(query.shape)} on "
-                                  f"{query.device}), got {out.dtype} {list(out.shape)} on {out.device}")
     if batch == 0:
         return out
     query = query if query.stride(-1) == 1 else query.contiguous()
-    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    group = num_heads // cache.num_kv_heads
-    device = query.device
-    max_tokens = block_tables.shape[1] * cache.block_size
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    device, max_tokens = query.device, block_tables.shape[1] * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
     tile, num_warps, num_stages = _launch_config(head_dim, device, num_splits > 1)
-    granule = max(tile, cache.block_size)
-    tokens_per_split = -(-max(max_tokens, 1) // num_splits)
-    tokens_per_split = -(-tokens_per_split // granule) * granule
-    num_splits = max(1, -(-max_tokens // tokens_per_split))
+    tokens_per_split, num_splits = _split_ranges(max_tokens, num_splits,
+                                                 max(tile, cache.block_size))
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     dim_pad = triton.next_power_of_2(head_dim)
+    part_out = part_ml = out                # unused without a split
     if num_splits > 1:
-        part_out = torch.empty(batch, num_heads, num_splits, dim_pad, dtype=torch.float32, device=device)
-        part_ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=device)
-    else:
-        part_out = part_ml = out   # unused
+        part_out = torch.empty(batch, num_heads, num_splits, dim_pad,
+                               dtype=torch.float32,
+                               device=device)
+        part_ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32,
+                              device=device)
     stride_block, stride_token, stride_head = cache.strides()
     _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
-        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens, out,
-        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits, group,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
+        out,
+        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits,
+        num_heads // cache.num_kv_heads, query.stride(0), query.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_token, stride_head,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile, SPLIT=num_splits > 1,
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        GROUP_PAD=max(16, triton.next_power_of_2(num_heads // cache.num_kv_heads)),
+        HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
+        SPLIT=num_splits > 1, FP32_PRECISION=_fp32_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](
             part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad)
     return out

@@ -145,3 +145,23 @@ def test_split_rule():
     assert choose_num_splits(1, 1, 10_000, cpu) == 8
     assert choose_num_splits(1, 1, 300, cpu) == 1          # too short to split
     assert choose_num_splits(1, 1, 10**7, cpu, programs_per_sm=100) == 64
+
+
+@pytest.mark.parametrize("block_size, group, dtype", [(4, 4, torch.float32), (16, 1, torch.float16),
+                                                      (32, 2, torch.float16)])
+def test_teaching_version_1_matches_the_reference(block_size, group, dtype):
+    from minipaged.decode_attention import _paged_attention_v1
+
+    query, cache, tables, lens = make_case([1, 7, 16, 17, 50, 0], block_size, 2, group, 32, dtype,
+                                           seed=block_size)
+    ref = paged_attention_reference(query, cache, 0, tables, lens)
+    out = _paged_attention_v1(query, cache, 0, tables, lens)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < TOLERANCE[dtype]
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))        # length 0 gives zeros
+
+
+def test_precision_is_set_only_for_fp32():
+    from minipaged.decode_attention import _fp32_precision
+
+    assert _fp32_precision(torch.float32) == "ieee"
+    assert _fp32_precision(torch.float16) is None and _fp32_precision(torch.bfloat16) is None
