@@ -574,7 +574,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1111
+    # %% chapters/10_scheduler.md:1113
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -599,7 +599,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1264
+    # %% chapters/10_scheduler.md:1266
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], int]:
         """A waiting sequence's tokens, and how many of them the prefix cache holds."""
         tokens = seq.token_ids(0, seq.num_tokens)
