@@ -1,7 +1,7 @@
 # GENERATED from chapters/10_scheduler.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/10_scheduler.md:110
+# %% chapters/10_scheduler.md:111
 """Continuous-batching scheduler: queues, admission by blocks and tokens, preemption."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class PromptTooLongError(ValueError):
     """A prompt can never be served: longer than the model allows, or than the cache."""
 
 
-# %% chapters/10_scheduler.md:147
+# %% chapters/10_scheduler.md:148
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into tokens, and when to stop (vLLM's names).
@@ -77,7 +77,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-# %% chapters/10_scheduler.md:210
+# %% chapters/10_scheduler.md:211
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -135,7 +135,7 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
-# %% chapters/10_scheduler.md:402
+# %% chapters/10_scheduler.md:403
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits and policy of the scheduler.
@@ -195,7 +195,7 @@ class ScheduledChunk:
         return self.start + self.num_tokens == end
 
 
-# %% chapters/10_scheduler.md:467
+# %% chapters/10_scheduler.md:468
 @dataclass
 class StepStats:
     """What one step looked like: the rows of the timeline figures."""
@@ -238,7 +238,7 @@ class SchedulerOutput:
         return not self.chunks
 
 
-# %% chapters/10_scheduler.md:535
+# %% chapters/10_scheduler.md:536
 class Scheduler:
     """Decides, step by step, which sequences run, and reserves the blocks they write.
 
@@ -297,7 +297,7 @@ class Scheduler:
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
-    # %% chapters/10_scheduler.md:609
+    # %% chapters/10_scheduler.md:610
     def abort(self, seq_id: int) -> Sequence:
         """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed now."""
         seq = self._live.get(seq_id)
@@ -313,7 +313,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    # %% chapters/10_scheduler.md:644
+    # %% chapters/10_scheduler.md:658
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks and reserve their blocks; run them, then commit."""
         self.step_count += 1
@@ -360,7 +360,7 @@ class Scheduler:
             num_decode_tokens=total - prefill, num_preempted=len(out.preempted),
             kv_utilization=used / self.num_total_blocks)
 
-    # %% chapters/10_scheduler.md:714
+    # %% chapters/10_scheduler.md:728
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self._decode_step(out, budget):
             return
@@ -403,7 +403,7 @@ class Scheduler:
         budget[1] += need
         return True
 
-    # %% chapters/10_scheduler.md:766
+    # %% chapters/10_scheduler.md:780
     def select_victim(self, candidates: list[Sequence]) -> Sequence:
         """The running sequence that gives its blocks back so ``candidates[0]`` can run.
 
@@ -425,7 +425,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:801
+    # %% chapters/10_scheduler.md:815
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self.swapped:  # parked sequences come back before anyone new is admitted
             return
@@ -457,7 +457,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:848
+    # %% chapters/10_scheduler.md:862
     def commit(self, out: SchedulerOutput, sampled: dict[int, int],
                eos_token_id: int | None = None,
                forks: list[tuple[Sequence, Sequence, int]] = (),
@@ -517,7 +517,7 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/10_scheduler.md:913
+    # %% chapters/10_scheduler.md:927
     def abort_step(self, out: SchedulerOutput) -> None:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
@@ -532,7 +532,7 @@ class Scheduler:
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:935
+    # %% chapters/10_scheduler.md:949
     def _stop_reason(self, seq: Sequence, token: int,
                      eos_token_id: int | None) -> SequenceStatus | None:
         params = seq.params
@@ -574,7 +574,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1113
+    # %% chapters/10_scheduler.md:1128
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -599,7 +599,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1266
+    # %% chapters/10_scheduler.md:1281
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], int]:
         """A waiting sequence's tokens, and how many of them the prefix cache holds."""
         tokens = seq.token_ids(0, seq.num_tokens)
