@@ -3,24 +3,39 @@
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
+from minipaged.scheduler import Scheduler, SchedulerConfig, Sequence
 
-def decode_step_blocks(lengths: list[int], block_size: int) -> int:
-    """Exercise 10.1: new blocks a decode step needs when each sequence (``lengths`` tokens in the
-    cache, no sharing) writes one more token."""
-    raise NotImplementedError("Exercise 10.1: count the sequences whose last block is full "
+
+def decode_step_blocks(lengths: list[int], shared_last: list[bool], block_size: int) -> int:
+    """Exercise 10.1: free blocks a decode step takes when sequence ``i`` has ``lengths[i]``
+    tokens in the cache, writes one more, and its last block is shared iff ``shared_last[i]``."""
+    raise NotImplementedError("Exercise 10.1: count the free blocks this decode step takes "
                               "(edit exercises/ch10_scheduler.py, decode_step_blocks)")
 
 
-def static_batch_idle_fraction(output_lens: list[int], batch_size: int) -> float:
-    """Exercise 10.2: fraction of seat-steps that produce no token when requests run in consecutive
-    fixed batches of ``batch_size``, each lasting as long as its longest request."""
-    raise NotImplementedError("Exercise 10.2: compare seat-steps with useful steps "
-                              "(edit exercises/ch10_scheduler.py, static_batch_idle_fraction)")
+class PriorityScheduler(Scheduler):
+    """Exercise 10.2: a scheduler that preempts by priority (lower value = more important).
+
+    ``priority`` maps a request id to its priority; requests not in it have priority 0.
+    """
+
+    def __init__(self, manager, config: SchedulerConfig | None = None,
+                 priority: dict[int, int] | None = None) -> None:
+        super().__init__(manager, config)
+        self.priority = dict(priority or {})
+
+    def select_victim(self, candidates: list[Sequence]) -> Sequence:
+        """The sequence that yields its blocks so that ``candidates[0]`` can run.
+
+        ``candidates`` are the running sequences not yet served in this step, oldest first.
+        """
+        raise NotImplementedError("Exercise 10.2: pick the victim among the candidates using "
+                                  "self.priority (edit exercises/ch10_scheduler.py, "
+                                  "PriorityScheduler.select_victim)")
 
 
-def preempted_by_decode(lengths: list[int], free_blocks: int, block_size: int) -> list[int]:
-    """Exercise 10.3: indices (admission order) preempted by recompute so that a decode step fits:
-    serve the oldest first; while a sequence cannot get its new block, preempt the newest sequence
-    not yet served (possibly itself). Returns the indices in the order they are preempted."""
-    raise NotImplementedError("Exercise 10.3: walk the queue, preempt from the back "
-                              "(edit exercises/ch10_scheduler.py, preempted_by_decode)")
+def continuous_batching_gain(output_lens: list[int], batch_size: int) -> float:
+    """Exercise 10.3: steps of consecutive fixed batches divided by steps of continuous
+    batching with ``batch_size`` seats (requests in order, one token per request per step)."""
+    raise NotImplementedError("Exercise 10.3: count the steps both ways and divide "
+                              "(edit exercises/ch10_scheduler.py, continuous_batching_gain)")

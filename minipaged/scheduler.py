@@ -1,8 +1,8 @@
 # GENERATED from chapters/10_scheduler.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/10_scheduler.md:87
-"""Continuous-batching scheduler: queues, admission by blocks and tokens, preemption, abort."""
+# %% chapters/10_scheduler.md:111
+"""Continuous-batching scheduler: queues, admission by blocks and tokens, preemption."""
 
 from __future__ import annotations
 
@@ -29,20 +29,21 @@ __all__ = [
 
 
 class SchedulerError(RuntimeError):
-    """The scheduler was asked for something it cannot do (unknown sequence, bad config...)."""
+    """The scheduler was asked for something it cannot do (unknown sequence...)."""
 
 
 class PromptTooLongError(ValueError):
-    """A prompt can never be served: longer than the model allows, or than the whole cache."""
+    """A prompt can never be served: longer than the model allows, or than the cache."""
 
 
+# %% chapters/10_scheduler.md:148
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to turn logits into tokens, and when to stop (the names of vLLM's ``SamplingParams``).
+    """How to turn logits into tokens, and when to stop (vLLM's names).
 
-    ``temperature=0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` switch those filters off.
-    ``n`` samples per prompt share the prompt's KV blocks (fork). ``seed`` makes one request's
-    samples reproducible whatever else is in the batch.
+    ``temperature=0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` switch those filters
+    off. ``n`` samples per prompt share the prompt's KV blocks (fork). ``seed`` makes
+    one request's samples reproducible whatever else is in the batch.
     """
 
     n: int = 1
@@ -58,21 +59,25 @@ class SamplingParams:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be a positive integer, got {self.n!r}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ValueError(
+                f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise ValueError(f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}")
+            raise ValueError(
+                f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+            raise ValueError(
+                f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        stop = tuple(int(t) for t in self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", stop)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-# %% chapters/10_scheduler.md:181
+# %% chapters/10_scheduler.md:211
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -88,10 +93,10 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    """One generation stream: its tokens, how many of them have KV in the cache, and its clock.
+    """One generation stream: its tokens, how many have KV in the cache, and its clock.
 
-    ``num_computed_tokens`` counts the tokens whose keys and values are in the cache. A sequence
-    preempted by recompute drops to 0 and re-prefills prompt + output so far.
+    ``num_computed_tokens`` counts the tokens whose keys and values are in the cache. A
+    sequence preempted by recompute drops to 0 and re-prefills prompt + output so far.
     """
 
     seq_id: int
@@ -130,16 +135,17 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
-# %% chapters/10_scheduler.md:259
+# %% chapters/10_scheduler.md:403
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits and policy of the scheduler.
 
-    ``policy="decode_first"``: every step carries all running decodes, and prefills fill what is
-    left of the token budget (one mixed batch). ``"prefill_first"``: while waiting prompts can be
-    admitted a step is prefill only and the decodes wait (vLLM's original scheduler).
-    ``preemption_mode``: ``"recompute"`` frees a victim's blocks and re-prefills it later;
-    ``"swap"`` copies its blocks to the CPU pool and back.
+    ``policy="decode_first"``: every step carries all running decodes, and prefills fill
+    what is left of the token budget (one mixed batch). ``"prefill_first"``: while
+    waiting prompts can be admitted a step is prefill only and the decodes wait (vLLM's
+    original scheduler). ``preemption_mode``: ``"recompute"`` frees a victim's blocks
+    and re-prefills it later; ``"swap"`` copies its blocks to the CPU pool and back.
+    ``watermark_blocks`` free blocks are kept back from every step.
     """
 
     max_num_seqs: int = 256
@@ -152,22 +158,26 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in ("decode_first", "prefill_first"):
-            raise ValueError(f"policy must be 'decode_first' or 'prefill_first', got {self.policy!r}")
+            raise ValueError(
+                f"policy must be 'decode_first' or 'prefill_first', "
+                f"got {self.policy!r}")
         if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
+                             f"got {self.preemption_mode!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.watermark_blocks < 0:
-            raise ValueError(f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
+            raise ValueError(
+                f"watermark_blocks must be >= 0, got {self.watermark_blocks}")
 
 
 @dataclass(slots=True)
 class ScheduledChunk:
-    """``num_tokens`` consecutive tokens of ``seq``, from position ``start``, run in this step.
+    """``num_tokens`` consecutive tokens of ``seq`` from position ``start``.
 
-    ``samples`` is True when the chunk ends at the sequence's last token: its last logits give the
-    next token (a prefill chunk that stops mid-prompt samples nothing).
+    ``samples`` is True when the chunk ends at the sequence's last token: its last
+    logits give the next token (a prefill chunk that stops mid-prompt samples nothing).
     """
 
     seq: Sequence
@@ -180,10 +190,12 @@ class ScheduledChunk:
 
     @property
     def samples(self) -> bool:
-        seq = self.seq  # (Sequence.num_tokens written out: the engine asks this of every chunk)
-        return self.start + self.num_tokens == len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        seq = self.seq  # (Sequence.num_tokens written out: asked of every chunk)
+        end = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        return self.start + self.num_tokens == end
 
 
+# %% chapters/10_scheduler.md:468
 @dataclass
 class StepStats:
     """What one step looked like: the rows of the timeline figures."""
@@ -201,12 +213,12 @@ class StepStats:
 
 @dataclass
 class SchedulerOutput:
-    """One step's work: the chunks to run, and what the cache must do before the forward.
+    """One step's work: the chunks to run, and what the cache does before the forward.
 
-    ``reservation`` is the block manager's ``StepReservation`` for the chunks, in the same order:
-    its ``slot_mapping``, ``positions`` and ``seq_lens`` feed the model, its ``copies`` are
-    copy-on-write block copies. ``swap_out`` / ``swap_in`` are (src, dst) block pairs to move
-    between the GPU pool and the CPU pool, out before in.
+    ``reservation`` is the block manager's ``StepReservation`` for the chunks, in the
+    same order: its ``slot_mapping``, ``positions`` and ``seq_lens`` feed the model, its
+    ``copies`` are copy-on-write block copies. ``swap_out`` / ``swap_in`` are (src, dst)
+    block pairs to move between the GPU pool and the CPU pool, out before in.
     """
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
@@ -226,15 +238,16 @@ class SchedulerOutput:
         return not self.chunks
 
 
-# %% chapters/10_scheduler.md:383
+# %% chapters/10_scheduler.md:536
 class Scheduler:
-    """Decides, step by step, which sequences run, and reserves the cache blocks they write.
+    """Decides, step by step, which sequences run, and reserves the blocks they write.
 
-    Three queues: ``waiting`` (never run, or preempted by recompute), ``running`` (KV in the GPU
-    pool, in admission order) and ``swapped`` (KV parked in the CPU pool). ``schedule()`` picks the
-    step's chunks and reserves all their blocks in one ``reserve_step`` call (every block or none);
-    after the forward, ``commit()`` commits the reservation and records the sampled tokens.
-    ``manager`` is a chapter 4-6 ``KVBlockManager``; the scheduler is its only caller while serving.
+    Three queues: ``waiting`` (never run, or preempted by recompute), ``running`` (KV in
+    the GPU pool, in admission order) and ``swapped`` (KV parked in the CPU pool).
+    ``schedule()`` picks the step's chunks and reserves all their blocks in one
+    ``reserve_step`` call (every block or none); after the forward, ``commit()`` commits
+    the reservation and records the sampled tokens. ``manager`` is a chapter 4-6
+    ``KVBlockManager``; the scheduler is its only caller while serving.
     """
 
     def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
@@ -249,31 +262,31 @@ class Scheduler:
         self.total_preemptions = 0
         self.timeline: list[StepStats] = []
         self._live: dict[int, Sequence] = {}
-        # a chapter 6 manager caches prefixes: it admits whole prompts and wants every token id
+        # a chapter 6 manager caches prefixes: it admits whole prompts, wants all tokens
         self._caches_prefixes = hasattr(manager, "allocate_prompt")
-        self._fast = True  # use the optimistic decode count (schedule() falls back when wrong)
-        # Blocks one sequence may hold, and the length at which it must stop: max_model_len, or
-        # when its next token would need more blocks than that (ceil((n + 1) / B) > blocks
-        # <=> n >= blocks * B).
+        # Blocks one sequence may hold, and the length at which it must stop:
+        # max_model_len, or when its next token would need more blocks than that
+        # (ceil((n + 1) / B) > blocks <=> n >= blocks * B).
         self._usable_blocks = self.num_total_blocks - self.config.watermark_blocks
-        self._length_limit = min(self.config.max_model_len, self._usable_blocks * self.block_size)
+        self._length_limit = min(self.config.max_model_len,
+                                 self._usable_blocks * self.block_size)
 
-    # -- requests in and out ----------------------------------------------------------------
     def check_prompt(self, num_prompt_tokens: int) -> None:
-        """Raise ``PromptTooLongError`` if a prompt of this length can never be served."""
+        """Raise ``PromptTooLongError`` if a prompt this long can never be served."""
         limit, n = self.config.max_model_len, num_prompt_tokens
         if n == 0:
             raise PromptTooLongError("empty prompt: give at least one token")
         if n >= limit:
             raise PromptTooLongError(
-                f"prompt of {n} tokens does not fit max_model_len={limit} (it needs room for at "
-                "least one new token): shorten the prompt or raise max_model_len")
+                f"prompt of {n} tokens does not fit max_model_len={limit} (it needs "
+                "room for at least one new token): shorten the prompt or raise "
+                "max_model_len")
         blocks = blocks_needed(n + 1, self.block_size)
         if blocks > self._usable_blocks:
             raise PromptTooLongError(
                 f"prompt of {n} tokens needs {blocks} KV blocks but the cache has "
-                f"{self._usable_blocks}: give it more blocks "
-                "(num_blocks) or shorten the prompt")
+                f"{self._usable_blocks}: give it more blocks (num_blocks) or shorten "
+                "the prompt")
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence, or raise (queueing nothing) if it can never run."""
@@ -284,11 +297,13 @@ class Scheduler:
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
+    # %% chapters/10_scheduler.md:610
     def abort(self, seq_id: int) -> Sequence:
-        """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed at once."""
+        """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed now."""
         seq = self._live.get(seq_id)
         if seq is None:
-            raise SchedulerError(f"unknown sequence {seq_id}: finished, aborted, or never added")
+            raise SchedulerError(
+                f"unknown sequence {seq_id}: finished, aborted, or never added")
         for queue in (self.waiting, self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
@@ -298,103 +313,276 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    # -- block arithmetic -------------------------------------------------------------------
-    def _need(self, seq: Sequence, num_tokens: int) -> int:
-        """Free blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write included)."""
-        if seq.seq_id in self.manager:
-            return self.manager.blocks_needed({seq.seq_id: num_tokens})
-        return blocks_needed(seq.num_computed_tokens + num_tokens, self.block_size)
-
-    def _free_after(self, reserved: int) -> int:
-        return self.manager.num_free_blocks - reserved - self.config.watermark_blocks
-
-    # -- preemption -------------------------------------------------------------------------
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Take a running sequence's blocks back: park them in the CPU pool, or drop them (also in
-        swap mode when the CPU pool cannot hold them)."""
-        self.running.remove(seq)
-        seq.num_preemptions += 1
-        self.total_preemptions += 1
-        out.preempted.append(seq)
-        if (self.config.preemption_mode == "swap"
-                and len(self.manager.block_table(seq.seq_id)) <= self.manager.num_free_cpu_blocks):
-            out.swap_out.extend(self.manager.swap_out(seq.seq_id))
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(seq)
-        else:
-            self.manager.release_sequence(seq.seq_id)
-            seq.num_computed_tokens = 0
-            seq.status = SequenceStatus.WAITING
-            self.waiting.appendleft(seq)
-
-    # -- the step ---------------------------------------------------------------------------
+    # %% chapters/10_scheduler.md:658
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's chunks and reserve their blocks. Then run them and call ``commit``."""
+        """Pick this step's chunks and reserve their blocks; run them, then commit."""
         self.step_count += 1
         out = SchedulerOutput()
-        budget = [self.config.max_num_batched_tokens, 0]  # tokens left, blocks taken so far
+        budget = [self.config.max_num_batched_tokens, 0]  # tokens left, blocks claimed
         if self.config.policy == "prefill_first":
             self._schedule_waiting(out, budget)
         if not out.chunks:
             self._schedule_running(out, budget)
             if not out.preempted:
-                self._schedule_swapped(out, budget)
+                if self.swapped:
+                    self._schedule_swapped(out, budget)
                 if self.config.policy == "decode_first":
                     self._schedule_waiting(out, budget)
-        if out.chunks:
-            try:
-                out.reservation = self.manager.reserve_step(
-                    {c.seq.seq_id: c.num_tokens for c in out.chunks})
-            except MemoryError:  # the optimistic count missed a copy-on-write block: redo exactly
-                if not self._fast:
-                    raise
-                self.step_count -= 1
-                self.abort_step(out)
-                self._fast = False
-                try:
-                    redo = self.schedule()
-                finally:
-                    self._fast = True
-                redo.preempted[:0], redo.swap_out[:0] = out.preempted, out.swap_out
-                redo.swap_in[:0] = out.swap_in  # blocks already moved in the manager's books
-                return redo
+        if out.chunks:  # planned within the free blocks, so this takes them all
+            out.reservation = self.manager.reserve_step(
+                {c.seq.seq_id: c.num_tokens for c in out.chunks})
         out.stats = self._stats(out)
         self.timeline.append(out.stats)
         return out
 
+    def _free_after(self, claimed: int) -> int:
+        """Free blocks this step may still claim: the watermark stays free."""
+        return self.manager.num_free_blocks - claimed - self.config.watermark_blocks
+
+    def _need(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write too)."""
+        if seq.seq_id in self.manager:
+            return self.manager.blocks_needed({seq.seq_id: num_tokens})
+        return blocks_needed(seq.num_computed_tokens + num_tokens, self.block_size)
+
+    def _stats(self, out: SchedulerOutput) -> StepStats:
+        # ScheduledChunk.is_prefill and SchedulerOutput.num_tokens written out: one pass
+        total = prefill = 0
+        for c in out.chunks:
+            total += c.num_tokens
+            if c.num_tokens > 1 or c.start < len(c.seq.prompt_token_ids):
+                prefill += c.num_tokens
+        used = self.num_total_blocks - self.manager.num_free_blocks
+        return StepStats(
+            step=self.step_count, time=time.perf_counter(),
+            num_waiting=len(self.waiting), num_running=len(self.running),
+            num_swapped=len(self.swapped), num_prefill_tokens=prefill,
+            num_decode_tokens=total - prefill, num_preempted=len(out.preempted),
+            kv_utilization=used / self.num_total_blocks)
+
+    # %% chapters/10_scheduler.md:728
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
-        running, bs = self.running, self.block_size
-        if self._fast and running and budget[0] >= len(running):
-            # the common step: everyone decodes one token. Count new blocks without asking the
-            # manager per sequence; if copy-on-write makes it more, reserve_step refuses the step
-            # and schedule() redoes it exactly (see schedule). One pass, num_tokens written out.
-            need = 0
-            for s in running:
-                computed = s.num_computed_tokens
-                if len(s.prompt_token_ids) + len(s.output_token_ids) - computed != 1:
-                    break
-                if computed % bs == 0:
-                    need += 1
-            else:
-                if need <= self._free_after(budget[1]):
-                    out.chunks.extend([ScheduledChunk(s, s.num_computed_tokens, 1) for s in running])
-                    budget[0] -= len(running)
-                    budget[1] += need
-                    return
-        i = 0
-        while i < len(self.running) and budget[0] > 0:
-            seq = self.running[i]
+        if self._decode_step(out, budget):
+            return
+        running, i = self.running, 0
+        while i < len(running) and budget[0] > 0:
+            seq = running[i]
             n = min(seq.num_uncomputed_tokens, budget[0])
             need = self._need(seq, n)
-            while need > self._free_after(budget[1]) and self.running[-1] is not seq:
-                self._preempt(self.running[-1], out)  # the newest running sequence yields first
+            while need > self._free_after(budget[1]):
+                victim = self.select_victim(running[i:])  # seq and those not yet served
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                budget[0] -= n
+                budget[1] += need
+                i += 1
+
+    def _decode_step(self, out: SchedulerOutput, budget: list[int]) -> bool:
+        """Plan the step where every running sequence decodes one token, if it fits."""
+        running = self.running
+        if not running or budget[0] < len(running):
+            return False
+        for s in running:  # Sequence.num_uncomputed_tokens written out (hot loop)
+            computed = s.num_computed_tokens
+            if len(s.prompt_token_ids) + len(s.output_token_ids) - computed != 1:
+                return False
+        free = self._free_after(budget[1])
+        if self.waiting or self.swapped or free < len(running):
+            step = dict.fromkeys([s.seq_id for s in running], 1)
+            need = self.manager.blocks_needed(step)
+            if need > free:
+                return False
+        else:
+            need = len(running)  # at most one block per decode token; nobody competes
+        out.chunks.extend([ScheduledChunk(s, s.num_computed_tokens, 1)
+                           for s in running])
+        budget[0] -= len(running)
+        budget[1] += need
+        return True
+
+    # %% chapters/10_scheduler.md:780
+    def select_victim(self, candidates: list[Sequence]) -> Sequence:
+        """The running sequence that gives its blocks back so ``candidates[0]`` can run.
+
+        ``candidates`` are the sequences not yet served in this step, oldest first; the
+        first is the one that needs blocks. The newest yields (it may be that one).
+        """
+        return candidates[-1]
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Take a running sequence's blocks back: swap them out, or drop them."""
+        self.running.remove(seq)
+        seq.num_preemptions += 1
+        self.total_preemptions += 1
+        out.preempted.append(seq)
+        if self.config.preemption_mode == "swap" and self._swap_out(seq, out):
+            return
+        self.manager.release_sequence(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    # %% chapters/10_scheduler.md:815
+    def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
+        if self.swapped:  # parked sequences come back before anyone new is admitted
+            return
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            tokens, cached = (self._prefix_hit(seq) if self._caches_prefixes
+                              else (None, 0))
+            n = seq.num_tokens - cached
+            if n > budget[0]:
+                if self.config.enable_chunked_prefill:
+                    n = budget[0]  # a chunk now, the rest in later steps
+                    if n == 0:
+                        return
+                elif any(c.is_prefill for c in out.chunks):
+                    return  # unchunked, a prompt over budget is the only prefill
+            need = (self.manager.num_blocks_for_prompt(tokens) if tokens is not None
+                    else blocks_needed(n, self.block_size))
             if need > self._free_after(budget[1]):
-                self._preempt(seq, out)
-                break
+                return
+            self.waiting.popleft()
+            out.admitted.append(seq)
+            if tokens is not None:
+                self._attach_prefix(seq, tokens)
+            else:
+                self.manager.create_sequence(seq.seq_id)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget[0] -= n
-            budget[1] += need
-            i += 1
+            budget[1] += self._need(seq, n)
+
+    # %% chapters/10_scheduler.md:862
+    def commit(self, out: SchedulerOutput, sampled: dict[int, int],
+               eos_token_id: int | None = None,
+               forks: list[tuple[Sequence, Sequence, int]] = (),
+               now: float | None = None) -> list[Sequence]:
+        """The forward ran: commit the reservation and append ``sampled[seq_id]`` to
+        every chunk that samples. ``forks`` are ``(parent, child, child_token)``: the
+        children of ``n > 1`` requests, sharing the parent's blocks (copy-on-write).
+        Returns the sequences that finished in this step (their blocks already freed).
+        """
+        now = time.perf_counter() if now is None else now
+        if out.reservation is not None:
+            self.manager.commit_step(out.reservation)
+            out.reservation = None
+        events = []
+        running = SequenceStatus.RUNNING
+        for chunk in out.chunks:
+            seq = chunk.seq
+            end = chunk.start + chunk.num_tokens
+            seq.num_computed_tokens = end
+            if (end == len(seq.prompt_token_ids) + len(seq.output_token_ids)
+                    and seq.status is running):
+                events.append((seq, sampled[seq.seq_id]))  # the chunk samples
+        for parent, child, token in forks:  # before the tokens are recorded
+            self.manager.fork(parent.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+            child.status = SequenceStatus.RUNNING
+            self._live[child.seq_id] = child
+            self.running.append(child)
+            events.append((child, token))
+        return self._append_tokens(events, eos_token_id, now)
+
+    def _append_tokens(self, events: list[tuple[Sequence, int]],
+                       eos_token_id: int | None, now: float) -> list[Sequence]:
+        append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
+                            else None)
+        done = []
+        limit = self._length_limit
+        for seq, token in events:
+            if append_token_ids is not None:
+                append_token_ids(seq.seq_id, (token,))
+            outputs = seq.output_token_ids
+            outputs.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            params = seq.params
+            # One cheap test that every stop condition implies; _stop_reason decides.
+            if (token == eos_token_id or params.stop_token_ids
+                    or len(outputs) >= params.max_tokens
+                    or len(seq.prompt_token_ids) + len(outputs) >= limit):
+                reason = self._stop_reason(seq, token, eos_token_id)
+                if reason is not None:
+                    self._finish(seq, reason, now)
+                    done.append(seq)
+        if done:  # one pass over the running queue, however many finished
+            finished = set(done)
+            self.running[:] = [s for s in self.running if s not in finished]
+        return done
+
+    # %% chapters/10_scheduler.md:927
+    def abort_step(self, out: SchedulerOutput) -> None:
+        """The forward failed: give the step's blocks back and return the sequences it
+        admitted to the front of the waiting queue; the next schedule tries again."""
+        if out.reservation is not None:
+            self.manager.abort_step(out.reservation)
+            out.reservation = None
+        for seq in reversed(out.admitted):
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+                self.manager.release_sequence(seq.seq_id)
+                seq.num_computed_tokens = 0
+                seq.status = SequenceStatus.WAITING
+                self.waiting.appendleft(seq)
+
+    # %% chapters/10_scheduler.md:949
+    def _stop_reason(self, seq: Sequence, token: int,
+                     eos_token_id: int | None) -> SequenceStatus | None:
+        params = seq.params
+        if not params.ignore_eos and eos_token_id is not None and token == eos_token_id:
+            return SequenceStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            return SequenceStatus.FINISHED_STOPPED
+        if (len(seq.output_token_ids) >= params.max_tokens
+                or seq.num_tokens >= self._length_limit):  # or one more would not fit
+            return SequenceStatus.FINISHED_LENGTH
+        return None
+        return None
+
+    def _finish(self, seq: Sequence, status: SequenceStatus,
+                now: float | None = None) -> None:
+        if seq.status is SequenceStatus.SWAPPED:
+            self.manager.release_swapped(seq.seq_id)
+        elif seq.seq_id in self.manager:
+            self.manager.release_sequence(seq.seq_id)
+        seq.status = status
+        seq.finish_time = time.perf_counter() if now is None else now
+        self._live.pop(seq.seq_id, None)
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if queues, statuses and the manager disagree."""
+        queued = [*self.waiting, *self.running, *self.swapped]
+        assert len({id(s) for s in queued}) == len(queued), "a sequence in two queues"
+        assert {s.seq_id for s in queued} == set(self._live), "a live one in no queue"
+        assert all(s.status is SequenceStatus.WAITING for s in self.waiting)
+        assert all(s.status is SequenceStatus.RUNNING for s in self.running)
+        assert all(s.status is SequenceStatus.SWAPPED for s in self.swapped)
+        assert len(self.running) <= self.config.max_num_seqs
+        for seq in self.running:
+            length = self.manager.sequence_length(seq.seq_id)
+            assert length == seq.num_computed_tokens, seq.seq_id
+        for seq in [*self.waiting, *self.swapped]:
+            assert seq.seq_id not in self.manager, f"{seq.seq_id} waits, holds blocks"
+        running_ids = {s.seq_id for s in self.running}
+        assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
+        assert self.manager.invariants_ok(), self.manager.first_inconsistency()
+
+    # %% chapters/10_scheduler.md:1128
+    def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
+        if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
+            return False
+        out.swap_out.extend(self.manager.swap_out(seq.seq_id))
+        seq.status = SequenceStatus.SWAPPED
+        self.swapped.append(seq)
+        return True
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int]) -> None:
         while self.swapped and len(self.running) < self.config.max_num_seqs:
@@ -411,150 +599,14 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
-        if self.swapped:  # parked sequences come back before anyone new is admitted
-            return
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            tokens = seq.token_ids(0, seq.num_tokens) if self._caches_prefixes else None
-            cached = self.manager.cached_prefix_length(tokens) if tokens is not None else 0
-            n = seq.num_tokens - cached
-            if n > budget[0]:
-                if self.config.enable_chunked_prefill and budget[0] > 0:
-                    n = budget[0]  # a chunk now, the rest in later steps
-                elif self.config.enable_chunked_prefill or any(c.is_prefill for c in out.chunks):
-                    return  # unchunked, an over-budget prompt runs as the step's only prefill
-            need = (self.manager.num_blocks_for_prompt(tokens) if tokens is not None
-                    else blocks_needed(n, self.block_size))
-            if need > self._free_after(budget[1]):
-                return
-            self.waiting.popleft()
-            out.admitted.append(seq)
-            if tokens is not None:
-                seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens)
-                if seq.num_preemptions == 0:
-                    seq.num_cached_prompt_tokens = seq.num_computed_tokens
-            else:
-                self.manager.create_sequence(seq.seq_id)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-            budget[0] -= n
-            budget[1] += self._need(seq, n)
+    # %% chapters/10_scheduler.md:1281
+    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], int]:
+        """A waiting sequence's tokens, and how many of them the prefix cache holds."""
+        tokens = seq.token_ids(0, seq.num_tokens)
+        return tokens, self.manager.cached_prefix_length(tokens)
 
-    # -- after the forward ------------------------------------------------------------------
-    def commit(self, out: SchedulerOutput, sampled: dict[int, int], eos_token_id: int | None = None,
-               forks: list[tuple[Sequence, Sequence, int]] = (), now: float | None = None
-               ) -> list[Sequence]:
-        """The forward ran: commit the reservation and append ``sampled[seq_id]`` to every chunk
-        that samples. ``forks`` are ``(parent, child, child_token)``: children of ``n > 1``
-        requests, which share the parent's blocks (copy-on-write) from here on.
-
-        Returns the sequences that finished in this step (their blocks are already freed).
-        """
-        now = time.perf_counter() if now is None else now
-        if out.reservation is not None:
-            self.manager.commit_step(out.reservation)
-            out.reservation = None
-        events = []
-        running = SequenceStatus.RUNNING
-        for chunk in out.chunks:
-            seq = chunk.seq
-            end = chunk.start + chunk.num_tokens
-            seq.num_computed_tokens = end
-            if end == len(seq.prompt_token_ids) + len(seq.output_token_ids) and seq.status is running:
-                events.append((seq, sampled[seq.seq_id]))  # the chunk samples
-        for parent, child, token in forks:  # before the tokens are recorded: a child has its own
-            self.manager.fork(parent.seq_id, child.seq_id)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-            child.status = SequenceStatus.RUNNING
-            self._live[child.seq_id] = child
-            self.running.append(child)
-            events.append((child, token))
-        append_token_ids = self.manager.append_token_ids if self._caches_prefixes else None
-        done = []
-        # One cheap test per sequence that every stop condition implies; _stop_reason decides.
-        limit = self._length_limit
-        for seq, token in events:
-            if append_token_ids is not None:
-                append_token_ids(seq.seq_id, (token,))
-            outputs = seq.output_token_ids
-            outputs.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            params = seq.params
-            if (token == eos_token_id or params.stop_token_ids or len(outputs) >= params.max_tokens
-                    or len(seq.prompt_token_ids) + len(outputs) >= limit):
-                reason = self._stop_reason(seq, token, eos_token_id)
-                if reason is not None:
-                    self._finish(seq, reason, now)
-                    done.append(seq)
-        if done:  # one pass over the running queue, however many finished
-            finished = set(done)
-            self.running[:] = [s for s in self.running if s not in finished]
-        return done
-
-    def abort_step(self, out: SchedulerOutput) -> None:
-        """The forward failed: give the step's blocks back and return the sequences it admitted to
-        the front of the waiting queue, so the next ``schedule`` can try the same step again."""
-        if out.reservation is not None:
-            self.manager.abort_step(out.reservation)
-            out.reservation = None
-        for seq in reversed(out.admitted):
-            if seq.status is SequenceStatus.RUNNING:
-                self.running.remove(seq)
-                self.manager.release_sequence(seq.seq_id)
-                seq.num_computed_tokens = 0
-                seq.status = SequenceStatus.WAITING
-                self.waiting.appendleft(seq)
-
-    def _stop_reason(self, seq: Sequence, token: int, eos_token_id: int | None) -> SequenceStatus | None:
-        params = seq.params
-        if not params.ignore_eos and eos_token_id is not None and token == eos_token_id:
-            return SequenceStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
-        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self._length_limit:
-            return SequenceStatus.FINISHED_LENGTH  # (or one more token would not fit the whole cache)
-        return None
-
-    def _finish(self, seq: Sequence, status: SequenceStatus, now: float | None = None) -> None:
-        if seq.status is SequenceStatus.SWAPPED:
-            self.manager.release_swapped(seq.seq_id)
-        elif seq.seq_id in self.manager:
-            self.manager.release_sequence(seq.seq_id)
-        seq.status = status
-        seq.finish_time = time.perf_counter() if now is None else now
-        self._live.pop(seq.seq_id, None)
-
-    # -- observability ----------------------------------------------------------------------
-    def _stats(self, out: SchedulerOutput) -> StepStats:
-        # ScheduledChunk.is_prefill and SchedulerOutput.num_tokens, written out (one pass per step)
-        total = prefill = 0
-        for c in out.chunks:
-            total += c.num_tokens
-            if c.num_tokens > 1 or c.start < len(c.seq.prompt_token_ids):
-                prefill += c.num_tokens
-        used = self.num_total_blocks - self.manager.num_free_blocks
-        return StepStats(
-            step=self.step_count, time=time.perf_counter(), num_waiting=len(self.waiting),
-            num_running=len(self.running), num_swapped=len(self.swapped),
-            num_prefill_tokens=prefill, num_decode_tokens=total - prefill,
-            num_preempted=len(out.preempted), kv_utilization=used / self.num_total_blocks)
-
-    def check_invariants(self) -> None:
-        """Raise ``AssertionError`` if the queues, the statuses and the manager's books disagree."""
-        queued = [*self.waiting, *self.running, *self.swapped]
-        assert len({id(s) for s in queued}) == len(queued), "a sequence sits in two queues"
-        assert {s.seq_id for s in queued} == set(self._live), "a live sequence is in no queue"
-        assert all(s.status is SequenceStatus.WAITING for s in self.waiting)
-        assert all(s.status is SequenceStatus.RUNNING for s in self.running)
-        assert all(s.status is SequenceStatus.SWAPPED for s in self.swapped)
-        assert len(self.running) <= self.config.max_num_seqs
-        for seq in self.running:
-            assert self.manager.sequence_length(seq.seq_id) == seq.num_computed_tokens, seq.seq_id
-        for seq in [*self.waiting, *self.swapped]:
-            assert seq.seq_id not in self.manager, f"sequence {seq.seq_id} is not running but holds blocks"
-        assert set(self.manager.seq_ids()) == {s.seq_id for s in self.running}, "leaked manager sequence"
-        assert self.manager.invariants_ok(), self.manager.first_inconsistency()
+    def _attach_prefix(self, seq: Sequence, tokens: list[int]) -> None:
+        """Admit ``seq`` through the prefix cache: hits attached, not computed."""
+        seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens)
+        if seq.num_preemptions == 0:
+            seq.num_cached_prompt_tokens = seq.num_computed_tokens

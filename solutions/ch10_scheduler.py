@@ -1,34 +1,38 @@
 """Chapter 10 exercises: reference solutions."""
 
+import heapq
 
-def decode_step_blocks(lengths: list[int], block_size: int) -> int:
-    """Exercise 10.1: a sequence needs a block exactly when its last block is full (or it has none)."""
-    return sum(1 for n in lengths if n % block_size == 0)
-
-
-def static_batch_idle_fraction(output_lens: list[int], batch_size: int) -> float:
-    """Exercise 10.2: 1 - useful steps / seat-steps."""
-    batches = [output_lens[i:i + batch_size] for i in range(0, len(output_lens), batch_size)]
-    seat_steps = sum(len(b) * max(b) for b in batches)
-    return 1 - sum(output_lens) / seat_steps if seat_steps else 0.0
+from minipaged.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
-def preempted_by_decode(lengths: list[int], free_blocks: int, block_size: int) -> list[int]:
-    """Exercise 10.3: the chapter's victim policy, newest first."""
-    queue = list(range(len(lengths)))
-    victims: list[int] = []
-    free = free_blocks
-    i = 0
-    while i < len(queue):
-        seq = queue[i]
-        need = 1 if lengths[seq] % block_size == 0 else 0
-        while need > free and queue[-1] != seq:
-            victim = queue.pop()
-            victims.append(victim)
-            free += -(-lengths[victim] // block_size)
-        if need > free:
-            victims.append(queue.pop(i))
-            break
-        free -= need
-        i += 1
-    return victims
+def decode_step_blocks(lengths: list[int], shared_last: list[bool], block_size: int) -> int:
+    """Exercise 10.1: a fresh block at a block boundary, else a copy of a shared last block."""
+    return sum(1 for n, shared in zip(lengths, shared_last) if n % block_size == 0 or shared)
+
+
+class PriorityScheduler(Scheduler):
+    """Exercise 10.2: a scheduler that preempts by priority (lower value = more important).
+
+    ``priority`` maps a request id to its priority; requests not in it have priority 0.
+    """
+
+    def __init__(self, manager, config: SchedulerConfig | None = None,
+                 priority: dict[int, int] | None = None) -> None:
+        super().__init__(manager, config)
+        self.priority = dict(priority or {})
+
+    def select_victim(self, candidates: list[Sequence]) -> Sequence:
+        """The least important candidate; among equals, the newest (max keeps the first)."""
+        return max(reversed(candidates), key=lambda s: self.priority.get(s.request_id, 0))
+
+
+def continuous_batching_gain(output_lens: list[int], batch_size: int) -> float:
+    """Exercise 10.3: fixed-batch steps / continuous-batching steps."""
+    if not output_lens:
+        return 1.0
+    fixed = sum(max(output_lens[i:i + batch_size])
+                for i in range(0, len(output_lens), batch_size))
+    seats = [0] * min(batch_size, len(output_lens))  # the step at which each seat frees
+    for n in output_lens:
+        heapq.heapreplace(seats, seats[0] + n)
+    return fixed / max(seats)

@@ -1,6 +1,7 @@
 """The scheduler's per-step shortcuts (chapter 10) decide exactly what the plain rules decide:
 stop conditions checked through a cheap filter, the all-decode fast path, and the step statistics."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,26 +57,38 @@ def test_stop_filter_matches_the_plain_rules(data, block_size, num_blocks, water
     assert not scheduler.has_unfinished()
 
 
-def test_decode_fast_path_and_stats_match_the_slow_path():
-    """Steps planned through the all-decode shortcut equal those planned sequence by sequence."""
+@pytest.mark.parametrize("num_blocks", [400, 40])
+def test_decode_fast_path_and_stats_match_the_slow_path(num_blocks, monkeypatch):
+    """Steps planned through the all-decode shortcut equal those planned sequence by sequence,
+    with room to spare (no counting) and on a tight cache (the manager counts, preemptions)."""
+    planned = Scheduler._decode_step
+    taken = []
+
     def run(fast):
-        manager = PrefixCachingBlockManager(400, 4)
+        def decode_step(self, out, budget):
+            taken.append(fast and planned(self, out, budget))
+            return taken[-1]
+        monkeypatch.setattr(Scheduler, "_decode_step", decode_step)
+        manager = PrefixCachingBlockManager(num_blocks, 4)
         scheduler = Scheduler(manager, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64,
                                                        max_model_len=256))
         for i in range(8):
             scheduler.add(Sequence(i, i, [i % 3] * (5 + 3 * i), SamplingParams(max_tokens=20 + i)))
         trace = []
         while scheduler.has_unfinished():
-            scheduler._fast = fast
             out = scheduler.schedule()
             trace.append(([(c.seq.seq_id, c.start, c.num_tokens) for c in out.chunks],
+                          [s.seq_id for s in out.preempted],
                           out.reservation.slot_mapping.tolist(),
                           (out.stats.num_prefill_tokens, out.stats.num_decode_tokens)))
             prefill = sum(c.num_tokens for c in out.chunks if c.is_prefill)
-            assert trace[-1][2] == (prefill, out.num_tokens - prefill)
+            assert trace[-1][3] == (prefill, out.num_tokens - prefill)
             scheduler.commit(out, {c.seq.seq_id: 7 for c in out.chunks if c.samples})
             scheduler.check_invariants()
         return trace
 
-    fast, slow = run(True), run(False)
+    fast = run(True)
+    assert sum(taken) > 10  # the shortcut planned many steps
+    slow = run(False)
     assert fast == slow and len(fast) > 20
+    assert any(preempted for _, preempted, _, _ in fast) == (num_blocks == 40)
