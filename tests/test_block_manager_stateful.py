@@ -4,6 +4,7 @@ Every token written gets a unique sentinel in a fake cache (slot -> sentinel); a
 cache, read back through each sequence's block table, must give exactly that sequence's tokens.
 """
 
+import os
 from collections import Counter
 
 import hypothesis.strategies as st
@@ -12,7 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from minipaged.block_manager import KVBlockManager, NoFreeBlocksError
 
-SETTINGS = settings(max_examples=150, stateful_step_count=50, deadline=None,
+# 150 programs per state machine in CI; HYPOTHESIS_PROFILE=long runs 2,000 (the release check).
+PROGRAMS = {"long": 2000}.get(os.environ.get("HYPOTHESIS_PROFILE", ""), 150)
+SETTINGS = settings(max_examples=PROGRAMS, stateful_step_count=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
