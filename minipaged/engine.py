@@ -1,12 +1,14 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:210
+# %% chapters/11_engine.md:211
 """The serving engine: vLLM's offline ``LLM`` API on chapters 4-10's pieces."""
 
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +32,7 @@ __all__ = [
     "RunStats",
     "DecodeGraphs",
     "EngineError",
+    "InvalidRequestError",
     "LLM",
 ]
 
@@ -38,7 +41,12 @@ class EngineError(RuntimeError):
     """The engine cannot make progress (for example a step that schedules nothing)."""
 
 
-# %% chapters/11_engine.md:267
+class InvalidRequestError(ValueError):
+    """A request that is wrong in itself (a token id outside the vocabulary, a float
+    token, a sampling setting out of range); nothing of it was queued."""
+
+
+# %% chapters/11_engine.md:276
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -91,7 +99,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md:361
+# %% chapters/11_engine.md:370
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -138,7 +146,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:989
+    # %% chapters/11_engine.md:1035
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -152,7 +160,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:419
+# %% chapters/11_engine.md:428
 @dataclass
 class _Request:
     request_id: int
@@ -201,7 +209,7 @@ def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
                                      enable_prefix_caching=prefix_caching)
 
 
-# %% chapters/11_engine.md:474
+# %% chapters/11_engine.md:483
 class LLM:
     """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
 
@@ -252,7 +260,7 @@ class LLM:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:532
+    # %% chapters/11_engine.md:543
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
@@ -280,11 +288,12 @@ class LLM:
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
         """Queue one prompt (token ids, or text with a tokenizer); returns its request id.
 
-        Raises ``PromptTooLongError`` (and queues nothing) if the prompt can never be
-        served.
+        Raises ``InvalidRequestError`` for a malformed request and ``PromptTooLongError``
+        for one that can never be served; either way nothing is queued.
         """
         params = params or SamplingParams()
         text, ids = self._tokenize(prompt)
+        self._check_request(ids, params)
         self.scheduler.check_prompt(len(ids))
         request_id = next(self._request_ids)
         seq = self._new_sequence(request_id, ids, params, 0)
@@ -298,14 +307,40 @@ class LLM:
         """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:585
+    # %% chapters/11_engine.md:597
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise TypeError("text prompts need a tokenizer: pass token ids, "
                                 + "or a model with one")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
-        return None, [int(t) for t in prompt]
+        try:
+            return None, [operator.index(t) for t in prompt]
+        except TypeError:
+            raise InvalidRequestError("token ids must be integers, got "
+                                      + f"{list(prompt)[:8]}") from None
+
+
+    def _check_request(self, ids: list[int], params: SamplingParams) -> None:
+        """Raise ``InvalidRequestError`` if the request can never be valid."""
+        vocab = self.model.config.vocab_size
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("expected SamplingParams, got "
+                                      + type(params).__name__)
+        tokens = (*ids, *params.stop_token_ids)
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            raise InvalidRequestError(f"token ids {bad[:8]} are outside the vocabulary "
+                                      + f"[0, {vocab})")
+        if not math.isfinite(params.temperature):
+            raise InvalidRequestError("temperature must be finite, got "
+                                      + f"{params.temperature}")
+        if params.top_k < -1:
+            raise InvalidRequestError("top_k must be -1 or 0 (off) or >= 1, got "
+                                      + f"{params.top_k}")
+        seed = params.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidRequestError(f"seed must be an integer or None, got {seed!r}")
 
 
     def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
@@ -315,7 +350,7 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # %% chapters/11_engine.md:616
+    # %% chapters/11_engine.md:655
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once (twice when prefills and decodes mix), sample,
         commit.
@@ -365,7 +400,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:681
+    # %% chapters/11_engine.md:720
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -402,7 +437,7 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:726
+    # %% chapters/11_engine.md:765
     def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
         """One forward over ``chunks``, a subset of the step (token, chunk indices)."""
         device = self.model.device
@@ -439,7 +474,7 @@ class LLM:
                 device, non_blocking=True))
         return self.model(batch, self.cache)
 
-    # %% chapters/11_engine.md:771
+    # %% chapters/11_engine.md:810
     def _sample(self, logits, samplers) -> list[int]:
         if not samplers:
             return []
@@ -468,7 +503,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:811
+    # %% chapters/11_engine.md:851
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -486,22 +521,27 @@ class LLM:
                              + "SamplingParams")
         self.stats = RunStats()
         ids, results = [], {}
-        for prompt, params in zip(prompts, sampling_params):
-            try:
-                ids.append(self.add_request(prompt, params))
-            except PromptTooLongError as error:
-                ids.append(self._refuse(prompt, params, error, results))
         bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
-        while self.has_unfinished_requests():
-            finished = self.step()
-            results.update((o.request_id, o) for o in finished)
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                try:
+                    ids.append(self.add_request(prompt, params))
+                except PromptTooLongError as error:
+                    ids.append(self._refuse(prompt, params, error, results))
+            if use_tqdm:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(ids), desc="generate", unit="req")
+            while self.has_unfinished_requests():
+                finished = self.step()
+                results.update((o.request_id, o) for o in finished)
+                if bar is not None:
+                    bar.update(len(finished))
+        except BaseException:
+            self._abort_all(ids)  # this call's requests go, so the next call starts clean
+            raise
+        finally:
             if bar is not None:
-                bar.update(len(finished))
-        if bar is not None:
-            bar.close()
+                bar.close()
         return [results[i] for i in ids]
 
 
@@ -521,12 +561,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1008
+    # %% chapters/11_engine.md:1054
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1074
+    # %% chapters/11_engine.md:1119
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -535,7 +575,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1113
+    # %% chapters/11_engine.md:1158
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -543,9 +583,17 @@ class LLM:
             raise KeyError(f"unknown or already finished request {request_id}")
         request.aborted = True
         for seq in request.seqs:
+            self._generators.pop(seq.seq_id, None)
             if not seq.status.finished:
                 self.scheduler.abort(seq.seq_id)
         return self._output(request)
+
+
+    def _abort_all(self, request_ids: list[int]) -> None:
+        """Abort those of ``request_ids`` still in flight (after a failed ``generate``)."""
+        for request_id in request_ids:
+            if request_id in self._requests:
+                self.abort_request(request_id)
 
 
     def _refuse(self, prompt, params: SamplingParams, error: Exception,
@@ -557,7 +605,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1234
+    # %% chapters/11_engine.md:1319
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -614,7 +662,7 @@ class LLM:
                 if sid in manager:
                     manager.release_sequence(sid)
 
-    # %% chapters/11_engine.md:1299
+    # %% chapters/11_engine.md:1384
     def _beam_forward(self, res, new: dict) -> torch.Tensor:
         """Log-probabilities [beams, vocab] of the next token of every beam."""
         device = self.model.device
@@ -650,7 +698,7 @@ class LLM:
             manager.append_token_ids(sid, tokens[-1:])
         return result
 
-    # %% chapters/11_engine.md:1467
+    # %% chapters/11_engine.md:1552
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -660,7 +708,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1219
+# %% chapters/11_engine.md:1304
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -673,7 +721,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1383
+# %% chapters/11_engine.md:1468
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -713,7 +761,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1429
+    # %% chapters/11_engine.md:1514
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],
