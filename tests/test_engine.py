@@ -4,8 +4,10 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from minipaged.engine import LLM
+from minipaged.engine import LLM, InvalidRequestError
 from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
 
@@ -183,13 +185,6 @@ def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
 
 # -- bad input and failed steps (a request is checked before it is queued; a failed
 #    generate call leaves the engine as a fresh one) -----------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from minipaged.engine import InvalidRequestError  # noqa: E402
-from minipaged.scheduler import PromptTooLongError  # noqa: E402
-
 
 @pytest.mark.parametrize("prompt, params", [
     ([1, 512], GREEDY),                                   # outside the vocabulary (512)
