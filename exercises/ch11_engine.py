@@ -3,21 +3,40 @@
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
+import torch
+
+from minipaged.engine import LLM
+
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:
-    """Exercise 11.1: the token ids top-p sampling keeps (mass ranked before a token < top_p)."""
-    raise NotImplementedError("Exercise 11.1: sort by probability and keep tokens while the mass "
-                              "before them is below top_p (edit exercises/ch11_engine.py, nucleus)")
+    """Exercise 11.1: the token ids top-p sampling keeps (the rule ``sample`` uses)."""
+    raise NotImplementedError("Exercise 11.1: return the set of token ids top-p keeps "
+                              "(edit exercises/ch11_engine.py, nucleus)")
 
 
 def decode_roofline_tokens_per_s(weight_bytes: float, kv_bytes_per_token: float, batch: int,
                                  mean_context: float, bandwidth: float) -> float:
-    """Exercise 11.2: output tokens/s if a decode step only reads weights once plus the batch's KV."""
-    raise NotImplementedError("Exercise 11.2: bytes per step over bandwidth, batch tokens per step "
+    """Exercise 11.2: output tokens/s if a decode step only reads weights once plus the KV."""
+    raise NotImplementedError("Exercise 11.2: return the roofline's output tokens per second "
                               "(edit exercises/ch11_engine.py, decode_roofline_tokens_per_s)")
 
 
 def ttft_and_tpot(arrival: float, token_times: list[float]) -> tuple[float, float | None]:
-    """Exercise 11.3: (time to first token, mean time per output token after the first or None)."""
-    raise NotImplementedError("Exercise 11.3: first token minus arrival; mean gap between tokens "
+    """Exercise 11.3: (time to first token, time per output token or None)."""
+    raise NotImplementedError("Exercise 11.3: return the two latencies of one request "
                               "(edit exercises/ch11_engine.py, ttft_and_tpot)")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
+                             penalty: float) -> torch.Tensor:
+    """Exercise 11.4: ``logits [B, V]`` with each row's history penalised (a new tensor)."""
+    raise NotImplementedError("Exercise 11.4: return the penalised logits "
+                              "(edit exercises/ch11_engine.py, apply_repetition_penalty)")
+
+
+class PenalizedLLM(LLM):
+    """Exercise 11.4: ``LLM`` with a repetition penalty applied before every draw."""
+
+    def __init__(self, model, *, repetition_penalty: float = 1.0, **kwargs) -> None:
+        raise NotImplementedError("Exercise 11.4: build an LLM that penalises repeats when "
+                                  "it samples (edit exercises/ch11_engine.py, PenalizedLLM)")

@@ -1,12 +1,14 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:50
-"""The serving engine: vLLM's offline ``LLM`` API on chapters 4-10 (manager, cache, model, scheduler)."""
+# %% chapters/11_engine.md:211
+"""The serving engine: vLLM's offline ``LLM`` API on chapters 4-10's pieces."""
 
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -16,8 +18,9 @@ from minipaged.block_table import blocks_needed
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
 from minipaged.runtime import default_device
-from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler, SchedulerConfig,
-                                 SchedulerOutput, Sequence, SequenceStatus)
+from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
+                                 SchedulerConfig, SchedulerOutput, Sequence,
+                                 SequenceStatus)
 from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "RunStats",
     "DecodeGraphs",
     "EngineError",
+    "InvalidRequestError",
     "LLM",
 ]
 
@@ -37,7 +41,12 @@ class EngineError(RuntimeError):
     """The engine cannot make progress (for example a step that schedules nothing)."""
 
 
-# %% chapters/11_engine.md:107
+class InvalidRequestError(ValueError):
+    """A request that is wrong in itself (a token id outside the vocabulary, a float
+    token, a sampling setting out of range); nothing of it was queued."""
+
+
+# %% chapters/11_engine.md:276
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -51,10 +60,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
     """Pick one token per row of ``logits [B, V]`` under each row's ``SamplingParams``.
 
-    Greedy rows take the argmax. Other rows divide by their temperature, keep their top-k and their
-    top-p nucleus, and draw with the exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` is a
-    draw from ``p``, and each seeded row draws its ``E`` from its own generator, so its tokens do
-    not depend on what else is in the batch. One sort serves top-k and top-p for the whole batch.
+    Greedy rows take the argmax. Other rows divide by their temperature, keep their
+    top-k and their top-p nucleus, and draw with the exponential race: ``argmax(p / E)``
+    with ``E ~ Exp(1)`` is a draw from ``p``, and each seeded row draws its ``E`` from
+    its own generator, so its tokens do not depend on what else is in the batch. One
+    sort serves top-k and top-p for the whole batch.
     """
     rows, vocab = logits.shape
     if len(params) != rows:
@@ -74,7 +84,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         drop = ranks >= torch.tensor(top_k, device=device)[:, None]
         ordered = ordered.masked_fill(drop, float("-inf"))
         probs = ordered.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # keep a token while the mass before it < top_p
+        # keep a token while the mass ranked before it is below top_p
+        mass_before = probs.cumsum(dim=-1) - probs
         drop |= mass_before >= torch.tensor(top_p, device=device)[:, None]
         drop[:, 0] = False
         scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
@@ -88,7 +99,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md:205
+# %% chapters/11_engine.md:370
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -103,9 +114,10 @@ class CompletionOutput:
 class RequestOutput:
     """What ``LLM.generate`` returns per prompt, in prompt order (vLLM's field names).
 
-    ``error`` is set, and ``outputs`` empty, for a request the engine refused (too long a prompt);
-    the other requests of the batch are served normally. ``metrics`` holds arrival, first-token and
-    finish times (seconds, ``time.perf_counter``), preemptions and prompt tokens found cached.
+    ``error`` is set, and ``outputs`` empty, for a request the engine refused (too long
+    a prompt); the other requests of the batch are served normally. ``metrics`` holds
+    arrival, first-token and finish times (seconds, ``time.perf_counter``), preemptions
+    and prompt tokens found cached.
     """
 
     request_id: int
@@ -134,6 +146,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
+    # %% chapters/11_engine.md:1035
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -147,80 +160,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-@dataclass
-class BeamSearchOutput:
-    """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best first, with their
-    summed log-probabilities, and how many copy-on-write block copies separating the beams took."""
-
-    prompt_token_ids: list[int]
-    sequences: list[list[int]]
-    cumulative_logprobs: list[float]
-    num_cow_copies: int
-
-
-# %% chapters/11_engine.md:328
-class DecodeGraphs:
-    """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed every step.
-
-    A decode step of a small model is well over a thousand short kernels; launching them one by
-    one from Python takes longer than running them. Capture records the launches once into a graph per
-    bucket (1, 2, 4, ... up to ``max_batch``) over static input buffers; a step copies its inputs
-    into the buffers, pads the batch to the next bucket (padding rows write to slot -1, i.e.
-    nowhere, and have length 0) and replays. Block tables are ``max_blocks`` wide, so the same graph
-    serves every context length.
-    """
-
-    def __init__(self, model: Qwen3PagedModel, cache, max_batch: int, max_blocks: int) -> None:
-        device = model.device
-        self.model, self.cache, self.max_blocks = model, cache, max_blocks
-        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b < max_batch]
-        self.buckets.append(max_batch)
-        n = max_batch
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.rows = torch.arange(n, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        pool = None
-        for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory pool
-            batch = self._batch(b)
-            model(batch, cache)  # compile and warm up outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = model(batch, cache)
-            pool = graph.pool()
-            self.graphs[b] = graph
-
-    def _batch(self, b: int) -> ForwardBatch:
-        return ForwardBatch(
-            input_ids=self.input_ids[:b], positions=self.positions[:b],
-            slot_mapping=self.slot_mapping[:b], query_lens=(1,) * b, context_lens=(1,) * b,
-            block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b], logits_indices=self.rows[:b])
-
-    def fits(self, batch_size: int, table_width: int) -> bool:
-        return batch_size <= self.buckets[-1] and table_width <= self.max_blocks
-
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """Logits [B, vocab] of one decode step (host tensors in, copied to the static buffers)."""
-        n = len(input_ids)
-        b = next(b for b in self.buckets if b >= n)
-        self.input_ids[:n].copy_(input_ids, non_blocking=True)
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
-        self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        self.seq_lens[n:b].zero_()
-        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
-        self.graphs[b].replay()
-        return self.outputs[b][:n]
-
-
-# %% chapters/11_engine.md:392
+# %% chapters/11_engine.md:428
 @dataclass
 class _Request:
     request_id: int
@@ -238,13 +178,46 @@ class _Request:
             and all(s.status.finished for s in self.seqs))
 
 
+def _prompt_list(prompts) -> list:
+    """A list of prompts: one prompt alone (text or token ids) becomes a list of one."""
+    one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+    return [prompts] if one else prompts
+
+
+def _load_model(model, tokenizer, device):
+    if isinstance(model, str):
+        from minipaged.qwen3 import load_hub_qwen3
+
+        model, tokenizer = load_hub_qwen3(model, device=device or default_device())
+    if not isinstance(model, Qwen3PagedModel):
+        model = Qwen3PagedModel.from_hf(model)
+    if device is not None:
+        model = model.to(device)
+    return model, tokenizer
+
+
+def _eos_id(config, tokenizer) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, (list, tuple)) else eos
+
+
+def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
+                  num_cpu_blocks: int):
+    """Chapter 6's manager: sharing, copy-on-write, a CPU pool, prefix caching."""
+    return PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks,
+                                     enable_prefix_caching=prefix_caching)
+
+
+# %% chapters/11_engine.md:483
 class LLM:
     """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
 
-    ``model`` is a transformers ``Qwen3ForCausalLM`` (its weights are shared, not copied), a
-    ``Qwen3PagedModel``, or a hub id / local path (needs the network or a local copy).
-    ``num_blocks=None`` sizes the cache from free GPU memory (``gpu_memory_utilization`` of the card,
-    minus what is already used), or to a small default on CPU.
+    ``model`` is a transformers ``Qwen3ForCausalLM`` (its weights are shared, not
+    copied), a ``Qwen3PagedModel``, or a hub id / local path (needs the network or a
+    local copy). ``num_blocks=None`` sizes the cache from free GPU memory
+    (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
+    default on CPU.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
@@ -255,26 +228,31 @@ class LLM:
                  max_model_len: int | None = None, max_num_batched_tokens: int = 8192,
                  gpu_memory_utilization: float = 0.9, policy: str = "decode_first",
                  preemption_mode: str = "recompute", num_cpu_blocks: int | None = None,
-                 enable_chunked_prefill: bool = False, enable_cuda_graphs: bool | None = None,
+                 enable_chunked_prefill: bool = False,
+                 enable_cuda_graphs: bool | None = None,
                  check_invariants: bool = False) -> None:
         self.model, self.tokenizer = _load_model(model, tokenizer, device)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         if num_blocks is None:
-            num_blocks = self._auto_num_blocks(block_size, gpu_memory_utilization, max_num_batched_tokens)
+            num_blocks = self._auto_num_blocks(block_size, gpu_memory_utilization,
+                                               max_num_batched_tokens)
         self.cache = self.model.new_cache(num_blocks, block_size)
         if preemption_mode == "swap" and num_cpu_blocks is None:
             num_cpu_blocks = num_blocks
         self.cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None
-        self.manager = _make_manager(num_blocks, block_size, enable_prefix_caching, num_cpu_blocks or 0)
+        self.manager = _make_manager(num_blocks, block_size, enable_prefix_caching,
+                                     num_cpu_blocks or 0)
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=self.max_model_len, policy=policy, preemption_mode=preemption_mode,
+            max_model_len=self.max_model_len, policy=policy,
+            preemption_mode=preemption_mode,
             enable_chunked_prefill=enable_chunked_prefill))
         self.check_invariants = check_invariants
         on_gpu = self.model.device.type == "cuda"
-        self.enable_cuda_graphs = on_gpu if enable_cuda_graphs is None else enable_cuda_graphs and on_gpu
-        self._graphs: DecodeGraphs | None = None
+        self.enable_cuda_graphs = (on_gpu if enable_cuda_graphs is None
+                                   else enable_cuda_graphs and on_gpu)
+        self._graphs = None  # DecodeGraphs, captured on the first decode step
         self.eos_token_id = _eos_id(config, self.tokenizer)
         self.stats = RunStats()
         self._requests: dict[int, _Request] = {}
@@ -282,35 +260,40 @@ class LLM:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # -- set-up helpers ---------------------------------------------------------------------
+    # %% chapters/11_engine.md:543
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
             return self.CPU_DEFAULT_BLOCKS
-        per_block = block_bytes(kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
-                                                   c.head_dim, self.model.dtype.itemsize), block_size)
+        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
+                                       c.head_dim, self.model.dtype.itemsize)
+        per_block = block_bytes(per_token, block_size)
         free, total = torch.cuda.mem_get_info(device)
-        # memory PyTorch holds in its cache but no tensor uses (a previous engine's cache) is free too
+        # memory PyTorch caches but no tensor uses (a previous engine's cache) is free too
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        activations = max_tokens * (c.vocab_size * 4 + 16 * c.intermediate_size * 2)  # logits + MLP
+        activations = max_tokens * (c.vocab_size * 4 + 16 * c.intermediate_size * 2)
         budget = int(utilization * total) - (total - free) - activations
         if budget < per_block:
-            raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free): "
-                              "lower max_num_batched_tokens, raise gpu_memory_utilization, or set num_blocks")
+            raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} "
+                              + "GiB free): lower max_num_batched_tokens, raise "
+                              + "gpu_memory_utilization, or set num_blocks")
         return blocks_in_budget(budget, per_block)
 
+
     def model_parameters(self):
-        """The paged model's parameters (shared with the transformers model it was built from)."""
+        """The paged model's parameters (shared with the transformers model)."""
         return self.model.parameters()
 
-    # -- requests ---------------------------------------------------------------------------
+
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
         """Queue one prompt (token ids, or text with a tokenizer); returns its request id.
 
-        Raises ``PromptTooLongError`` (and queues nothing) if the prompt can never be served.
+        Raises ``InvalidRequestError`` for a malformed request and ``PromptTooLongError``
+        for one that can never be served; either way nothing is queued.
         """
         params = params or SamplingParams()
         text, ids = self._tokenize(prompt)
+        self._check_request(ids, params)
         self.scheduler.check_prompt(len(ids))
         request_id = next(self._request_ids)
         seq = self._new_sequence(request_id, ids, params, 0)
@@ -319,27 +302,46 @@ class LLM:
         self.stats.prompt_tokens += len(ids)
         return request_id
 
-    def abort_request(self, request_id: int) -> RequestOutput:
-        """Cancel a request now: its sequences stop, their blocks are freed; returns what it made."""
-        request = self._requests.pop(request_id, None)
-        if request is None:
-            raise KeyError(f"unknown or already finished request {request_id}")
-        request.aborted = True
-        for seq in request.seqs:
-            if not seq.status.finished:
-                self.scheduler.abort(seq.seq_id)
-        return self._output(request)
 
     def has_unfinished_requests(self) -> bool:
         """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
+    # %% chapters/11_engine.md:597
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise TypeError("text prompts need a tokenizer: pass token ids, or a model with one")
+                raise TypeError("text prompts need a tokenizer: pass token ids, "
+                                + "or a model with one")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
-        return None, [int(t) for t in prompt]
+        try:
+            return None, [operator.index(t) for t in prompt]
+        except TypeError:
+            raise InvalidRequestError("token ids must be integers, got "
+                                      + f"{list(prompt)[:8]}") from None
+
+
+    def _check_request(self, ids: list[int], params: SamplingParams) -> None:
+        """Raise ``InvalidRequestError`` if the request can never be valid."""
+        vocab = self.model.config.vocab_size
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("expected SamplingParams, got "
+                                      + type(params).__name__)
+        tokens = (*ids, *params.stop_token_ids)
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            raise InvalidRequestError(f"token ids {bad[:8]} are outside the vocabulary "
+                                      + f"[0, {vocab})")
+        if not math.isfinite(params.temperature):
+            raise InvalidRequestError("temperature must be finite, got "
+                                      + f"{params.temperature}")
+        if params.top_k < -1:
+            raise InvalidRequestError("top_k must be -1 or 0 (off) or >= 1, got "
+                                      + f"{params.top_k}")
+        seed = params.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidRequestError(f"seed must be an integer or None, got {seed!r}")
+
 
     def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
                       index: int) -> Sequence:
@@ -348,9 +350,10 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # -- one step ---------------------------------------------------------------------------
+    # %% chapters/11_engine.md:655
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once (twice when prefills and decodes mix), sample, commit.
+        """Schedule, run the model once (twice when prefills and decodes mix), sample,
+        commit.
 
         Returns the requests that finished in this step (and forgets them).
         """
@@ -359,8 +362,8 @@ class LLM:
         t1 = time.perf_counter()
         if out.is_empty:
             if self.scheduler.has_unfinished():
-                raise EngineError("the scheduler found nothing to run although requests are "
-                                  "waiting: the cache is too small for any of them")
+                raise EngineError("the scheduler found nothing to run although requests "
+                                  + "are waiting: the cache is too small for any of them")
             return []
         try:
             self._move_blocks(out)
@@ -388,6 +391,7 @@ class LLM:
                 finished.append(self._output(self._requests.pop(request_id)))
         return finished
 
+
     def _move_blocks(self, out: SchedulerOutput) -> None:
         if out.swap_out:
             self.cache.swap_out(self.cpu_cache, out.swap_out)
@@ -396,10 +400,12 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
+    # %% chapters/11_engine.md:720
     def _forward(self, out: SchedulerOutput):
-        """Run the step's chunks: decodes in one batch, prefills in another (each kernel's best case).
+        """Run the step's chunks: decodes in one batch, prefills in another.
 
-        Returns logits [rows, vocab] to sample from and, per row, ``(sequence, fork_child_or_None)``.
+        Returns logits [rows, vocab] to sample from and, per row, ``(sequence, fork_child)``
+        (the child is None except for the siblings of an ``n > 1`` request).
         """
         res, chunks = out.reservation, out.chunks
         starts = list(itertools.accumulate((c.num_tokens for c in chunks), initial=0))
@@ -421,34 +427,42 @@ class LLM:
                 seq = chunks[i].seq
                 pick.append(row)
                 samplers.append((seq, None))
-                for child in self._children_for(seq):
-                    pick.append(row)
-                    samplers.append((seq, child))
+                if seq.params.n > 1:
+                    for child in self._children_for(seq):
+                        pick.append(row)
+                        samplers.append((seq, child))
                 row += 1
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         if len(pick) != len(logits) or pick != list(range(len(pick))):
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
+    # %% chapters/11_engine.md:765
     def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
-        """One forward over ``chunks``, a subset of the step (token / chunk indices into it)."""
+        """One forward over ``chunks``, a subset of the step (token, chunk indices)."""
         device = self.model.device
-        pick = (lambda t: t) if token_index is None else (lambda t: t.index_select(0, token_index))
-        ids = torch.tensor([t for c in chunks for t in c.seq.token_ids(c.start, c.start + c.num_tokens)],
+        pick = ((lambda t: t) if token_index is None
+                else (lambda t: t.index_select(0, token_index)))
+        ids = torch.tensor([t for c in chunks
+                            for t in c.seq.token_ids(c.start, c.start + c.num_tokens)],
                            dtype=torch.long)
         query_lens = tuple(c.num_tokens for c in chunks)
         ends = list(itertools.accumulate(query_lens))
         logits_indices = [e - 1 for c, e in zip(chunks, ends) if c.samples]
-        seq_lens = res.seq_lens if seq_index is None else res.seq_lens.index_select(0, seq_index)
+        seq_lens = (res.seq_lens if seq_index is None
+                    else res.seq_lens.index_select(0, seq_index))
         tables = self.manager.get_block_table_tensor([c.seq.seq_id for c in chunks])
         decode = max(query_lens) == 1
         if decode:
             self.stats.kv_tokens_read += int(seq_lens.sum())
-            graphs = self._decode_graphs()
+            graphs = self._decode_graphs() if self.enable_cuda_graphs else None
             if graphs is not None and graphs.fits(len(chunks), tables.shape[1]):
                 self.stats.graph_steps += 1
-                logits = graphs.run(ids, pick(res.positions), pick(res.slot_mapping), tables, seq_lens)
-                return logits if len(logits_indices) == len(chunks) else logits[logits_indices]
+                logits = graphs.run(ids, pick(res.positions), pick(res.slot_mapping),
+                                    tables, seq_lens)
+                if len(logits_indices) == len(chunks):
+                    return logits
+                return logits[logits_indices]
         batch = ForwardBatch(
             input_ids=ids.to(device, non_blocking=True),
             positions=pick(res.positions).to(device, non_blocking=True),
@@ -456,31 +470,19 @@ class LLM:
             query_lens=query_lens, context_lens=tuple(c.start for c in chunks),
             block_tables=tables.to(device, non_blocking=True),
             seq_lens=seq_lens.to(device, non_blocking=True),
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device, non_blocking=True))
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(
+                device, non_blocking=True))
         return self.model(batch, self.cache)
 
-    def _decode_graphs(self) -> DecodeGraphs | None:
-        """The captured decode graphs (captured on first use), or None when they are off."""
-        if self._graphs is None and self.enable_cuda_graphs:
-            max_blocks = blocks_needed(self.max_model_len, self.cache.block_size)
-            self._graphs = DecodeGraphs(self.model, self.cache, self.scheduler.config.max_num_seqs,
-                                        max_blocks)
-        return self._graphs
-
-    def _children_for(self, seq: Sequence) -> list[Sequence]:
-        """The n - 1 siblings a request forks off its first sequence when that one samples first."""
-        request = self._requests[seq.request_id]
-        if seq.sample_index != 0 or seq.output_token_ids or len(request.seqs) > 1:
-            return []
-        return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
-                for i in range(1, seq.params.n)]
-
+    # %% chapters/11_engine.md:810
     def _sample(self, logits, samplers) -> list[int]:
         if not samplers:
             return []
         seqs = [child or seq for seq, child in samplers]
-        tokens = sample(logits, [s.params for s in seqs], [self._generators[s.seq_id] for s in seqs])
+        tokens = sample(logits, [s.params for s in seqs],
+                        [self._generators[s.seq_id] for s in seqs])
         return tokens.tolist()
+
 
     def _account(self, out: SchedulerOutput, done: list[Sequence], num_sampled: int,
                  schedule_s: float, forward_s: float) -> None:
@@ -501,59 +503,133 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # -- the offline API --------------------------------------------------------------------
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    # %% chapters/11_engine.md:851
+    def generate(self, prompts,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; returns one ``RequestOutput`` per prompt, in prompt order.
+        """Generate for every prompt; one ``RequestOutput`` per prompt, in prompt order.
 
-        ``prompts``: token-id lists, or strings when a tokenizer exists (one prompt alone is fine).
-        A prompt that can never be served comes back with ``error`` set; the others are served.
+        ``prompts``: token-id lists, or strings when a tokenizer exists (one prompt alone is
+        fine). A prompt that can never be served comes back with ``error`` set; the others
+        are served.
         """
         prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} SamplingParams")
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} "
+                             + "SamplingParams")
         self.stats = RunStats()
         ids, results = [], {}
-        for prompt, params in zip(prompts, sampling_params):
-            try:
-                ids.append(self.add_request(prompt, params))
-            except PromptTooLongError as error:
-                request_id = next(self._request_ids)
-                text, tokens = self._tokenize(prompt)
-                results[request_id] = self._output(_Request(request_id, text, tokens, params, [], str(error)))
-                ids.append(request_id)
         bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
-        while self.has_unfinished_requests():
-            finished = self.step()
-            results.update((o.request_id, o) for o in finished)
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                try:
+                    ids.append(self.add_request(prompt, params))
+                except PromptTooLongError as error:
+                    ids.append(self._refuse(prompt, params, error, results))
+            if use_tqdm:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(ids), desc="generate", unit="req")
+            while self.has_unfinished_requests():
+                finished = self.step()
+                results.update((o.request_id, o) for o in finished)
+                if bar is not None:
+                    bar.update(len(finished))
+        except BaseException:
+            self._abort_all(ids)  # this call's requests go, so the next call starts clean
+            raise
+        finally:
             if bar is not None:
-                bar.update(len(finished))
-        if bar is not None:
-            bar.close()
+                bar.close()
         return [results[i] for i in ids]
 
-    def beam_search(self, prompts, beam_width: int, max_tokens: int) -> list[BeamSearchOutput]:
-        """Beam search, one prompt after another, on an idle engine (like vLLM's ``LLM.beam_search``).
 
-        Each step extends every beam by one token and keeps the ``beam_width`` best (beam, token)
-        pairs by summed log-probability. A beam chosen twice is **forked**: the copies share all
-        blocks, and copy-on-write (the reservation's ``copies``) separates them at the first block
-        they write differently. Beams that are not chosen are released. End-of-sequence is ignored.
+    def _output(self, request: _Request) -> RequestOutput:
+        outputs = []
+        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
+            text = (self.tokenizer.decode(seq.output_token_ids)
+                    if self.tokenizer is not None else None)
+            outputs.append(CompletionOutput(seq.sample_index, list(seq.output_token_ids),
+                                            text, seq.finish_reason))
+        first = request.seqs[0] if request.seqs else None
+        metrics = {} if first is None else {
+            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+            "finish_time": max(s.finish_time or 0 for s in request.seqs),
+            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
+            "num_cached_tokens": first.num_cached_prompt_tokens}
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             outputs, request.finished, request.error, metrics)
+
+    # %% chapters/11_engine.md:1054
+    def last_run_stats(self) -> dict:
+        """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
+        return self.stats.summary()
+
+    # %% chapters/11_engine.md:1119
+    def _children_for(self, seq: Sequence) -> list[Sequence]:
+        """The n - 1 siblings a request forks off its first sequence at its first sample."""
+        request = self._requests[seq.request_id]
+        if seq.sample_index != 0 or seq.output_token_ids or len(request.seqs) > 1:
+            return []
+        return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
+                for i in range(1, seq.params.n)]
+
+    # %% chapters/11_engine.md:1158
+    def abort_request(self, request_id: int) -> RequestOutput:
+        """Cancel a request now: its sequences stop, their blocks are freed; its output."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            raise KeyError(f"unknown or already finished request {request_id}")
+        request.aborted = True
+        for seq in request.seqs:
+            self._generators.pop(seq.seq_id, None)
+            if not seq.status.finished:
+                self.scheduler.abort(seq.seq_id)
+        return self._output(request)
+
+
+    def _abort_all(self, request_ids: list[int]) -> None:
+        """Abort those of ``request_ids`` still in flight (after a failed ``generate``)."""
+        for request_id in request_ids:
+            if request_id in self._requests:
+                self.abort_request(request_id)
+
+
+    def _refuse(self, prompt, params: SamplingParams, error: Exception,
+                results: dict) -> int:
+        """Record a prompt that can never be served as an output with ``error`` set."""
+        request_id = next(self._request_ids)
+        text, tokens = self._tokenize(prompt)
+        results[request_id] = self._output(_Request(request_id, text, tokens, params, [],
+                                                    str(error)))
+        return request_id
+
+    # %% chapters/11_engine.md:1319
+    def beam_search(self, prompts, beam_width: int,
+                    max_tokens: int) -> list[BeamSearchOutput]:
+        """Beam search, one prompt after another, on an idle engine (as in vLLM).
+
+        Each step extends every beam by one token and keeps the ``beam_width`` best (beam,
+        token) pairs by summed log-probability. A beam chosen twice is **forked**: the
+        copies share all blocks, and copy-on-write (the reservation's ``copies``) separates
+        them at the first block they write differently. Beams not chosen are released.
+        End-of-sequence is ignored.
         """
         if self.has_unfinished_requests():
-            raise EngineError("beam_search needs an idle engine: finish or abort the running requests")
+            raise EngineError("beam_search needs an idle engine: finish or abort the "
+                              + "running requests")
         if beam_width < 1 or max_tokens < 1:
-            raise ValueError(f"beam_width and max_tokens must be >= 1, got {beam_width}, {max_tokens}")
+            raise ValueError(f"beam_width and max_tokens must be >= 1, got {beam_width}, "
+                             + f"{max_tokens}")
         prompts = _prompt_list(prompts)
-        return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens) for p in prompts]
+        return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens)
+                for p in prompts]
 
-    def _beam_search_one(self, prompt: list[int], width: int, max_tokens: int) -> BeamSearchOutput:
-        manager, device = self.manager, self.model.device
+
+    def _beam_search_one(self, prompt: list[int], width: int,
+                         max_tokens: int) -> BeamSearchOutput:
+        manager = self.manager
         self.scheduler.check_prompt(len(prompt) + max_tokens - 1)
         root = next(self._seq_ids)
         start = manager.allocate_prompt(root, prompt)
@@ -561,39 +637,50 @@ class LLM:
         copies = 0
         try:
             for step in range(max_tokens):
-                new = {sid: (prompt[start:] if step == 0 else tokens[-1:]) for sid, tokens, _ in beams}
+                new = {sid: (prompt[start:] if step == 0 else tokens[-1:])
+                       for sid, tokens, _ in beams}
                 res = manager.reserve_step({sid: len(t) for sid, t in new.items()})
                 copies += len(res.copies)
                 try:
-                    if res.copies:
-                        self.cache.copy_blocks(res.copies)
-                    batch = ForwardBatch(
-                        input_ids=torch.tensor([t for sid in res.seq_ids for t in new[sid]]).to(device),
-                        positions=res.positions.to(device), slot_mapping=res.slot_mapping.to(device),
-                        query_lens=res.num_new_tokens,
-                        context_lens=tuple(int(n) - q for n, q in zip(res.seq_lens, res.num_new_tokens)),
-                        block_tables=manager.get_block_table_tensor(res.seq_ids).to(device),
-                        seq_lens=res.seq_lens.to(device))
-                    logprobs = self.model(batch, self.cache).float().log_softmax(-1)
+                    logprobs = self._beam_forward(res, new)
                 except BaseException:
                     manager.abort_step(res)
                     raise
                 manager.commit_step(res)
-                scores = torch.tensor([b[2] for b in beams], device=device)[:, None] + logprobs
-                top = scores.flatten().topk(min(width, scores.numel()))
+                scores = torch.tensor([b[2] for b in beams], device=logprobs.device)
+                top = (scores[:, None] + logprobs).flatten().topk(
+                    min(width, logprobs.numel()))
                 vocab = logprobs.shape[1]
                 chosen = [(int(i) // vocab, int(i) % vocab, float(v))
                           for i, v in zip(top.indices.tolist(), top.values.tolist())]
                 beams = self._next_beams(beams, chosen)
             ranked = sorted(beams, key=lambda b: -b[2])
-            return BeamSearchOutput(list(prompt), [b[1] for b in ranked], [b[2] for b in ranked], copies)
+            return BeamSearchOutput(list(prompt), [b[1] for b in ranked],
+                                    [b[2] for b in ranked], copies)
         finally:
             for sid, _, _ in beams:
                 if sid in manager:
                     manager.release_sequence(sid)
 
+    # %% chapters/11_engine.md:1384
+    def _beam_forward(self, res, new: dict) -> torch.Tensor:
+        """Log-probabilities [beams, vocab] of the next token of every beam."""
+        device = self.model.device
+        if res.copies:
+            self.cache.copy_blocks(res.copies)
+        batch = ForwardBatch(
+            input_ids=torch.tensor([t for sid in res.seq_ids for t in new[sid]]).to(device),
+            positions=res.positions.to(device), slot_mapping=res.slot_mapping.to(device),
+            query_lens=res.num_new_tokens,
+            context_lens=tuple(int(n) - q
+                               for n, q in zip(res.seq_lens, res.num_new_tokens)),
+            block_tables=self.manager.get_block_table_tensor(res.seq_ids).to(device),
+            seq_lens=res.seq_lens.to(device))
+        return self.model(batch, self.cache).float().log_softmax(-1)
+
+
     def _next_beams(self, beams, chosen):
-        """Fork beams chosen more than once, release the ones not chosen, then record the tokens."""
+        """Fork beams chosen more than once, release the unchosen, record the tokens."""
         manager, taken, result = self.manager, set(), []
         for parent, token, score in chosen:
             parent_id, tokens, _ = beams[parent]
@@ -607,54 +694,98 @@ class LLM:
         for index, (sid, _, _) in enumerate(beams):
             if index not in taken:
                 manager.release_sequence(sid)
-        for sid, tokens, _ in result:  # after the forks, so a child does not inherit a sibling's token
+        for sid, tokens, _ in result:  # after the forks: no child inherits a sibling's
             manager.append_token_ids(sid, tokens[-1:])
         return result
 
-    def _output(self, request: _Request) -> RequestOutput:
-        outputs = []
-        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
-            text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None
-            outputs.append(CompletionOutput(seq.sample_index, list(seq.output_token_ids), text,
-                                            seq.finish_reason))
-        first = request.seqs[0] if request.seqs else None
-        metrics = {} if first is None else {
-            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
-            "finish_time": max(s.finish_time or 0 for s in request.seqs),
-            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
-            "num_cached_tokens": first.num_cached_prompt_tokens}
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
-                             request.finished, request.error, metrics)
-
-    def last_run_stats(self) -> dict:
-        """The counters of the last ``generate`` call (steps, tokens, preemptions, hit rate, ...)."""
-        return self.stats.summary()
+    # %% chapters/11_engine.md:1552
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The captured decode graphs (captured on first use), or None when they are off."""
+        if self._graphs is None and self.enable_cuda_graphs:
+            max_blocks = blocks_needed(self.max_model_len, self.cache.block_size)
+            self._graphs = DecodeGraphs(self.model, self.cache,
+                                        self.scheduler.config.max_num_seqs, max_blocks)
+        return self._graphs
 
 
-def _prompt_list(prompts) -> list:
-    """A list of prompts: one prompt alone (a string, or a list of token ids) becomes a list of one."""
-    return [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else prompts
+# %% chapters/11_engine.md:1304
+@dataclass
+class BeamSearchOutput:
+    """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
+    first, with their summed log-probabilities, and how many copy-on-write block copies
+    separating the beams took."""
+
+    prompt_token_ids: list[int]
+    sequences: list[list[int]]
+    cumulative_logprobs: list[float]
+    num_cow_copies: int
 
 
-def _load_model(model, tokenizer, device):
-    if isinstance(model, str):
-        from minipaged.qwen3 import load_hub_qwen3
+# %% chapters/11_engine.md:1468
+class DecodeGraphs:
+    """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
-        model, tokenizer = load_hub_qwen3(model, device=device or default_device())
-    if not isinstance(model, Qwen3PagedModel):
-        model = Qwen3PagedModel.from_hf(model)
-    if device is not None:
-        model = model.to(device)
-    return model, tokenizer
+    A decode step of a small model is well over a thousand short kernels; launching them
+    one by one from Python takes longer than running them. Capture records the launches
+    once into a graph per bucket (1, 2, 4, ... up to ``max_batch``) over static input
+    buffers; a step copies its inputs into the buffers, pads the batch to the next
+    bucket (padding rows write to slot -1, i.e. nowhere, and have length 0) and replays.
+    Block tables are ``max_blocks`` wide, so the same graph serves every context length.
+    """
+
+    def __init__(self, model: Qwen3PagedModel, cache, max_batch: int,
+                 max_blocks: int) -> None:
+        device = model.device
+        self.model, self.cache, self.max_blocks = model, cache, max_blocks
+        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+                        if b < max_batch]
+        self.buckets.append(max_batch)
+        n = max_batch
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32,
+                                        device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.rows = torch.arange(n, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
+            batch = self._batch(b)
+            model(batch, cache)  # compile and warm up outside the capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[b] = model(batch, cache)
+            pool = graph.pool()
+            self.graphs[b] = graph
+
+    # %% chapters/11_engine.md:1514
+    def _batch(self, b: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:b], positions=self.positions[:b],
+            slot_mapping=self.slot_mapping[:b], query_lens=(1,) * b, context_lens=(1,) * b,
+            block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b],
+            logits_indices=self.rows[:b])
 
 
-def _eos_id(config, tokenizer) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
-    return eos[0] if isinstance(eos, (list, tuple)) else eos
+    def fits(self, batch_size: int, table_width: int) -> bool:
+        return batch_size <= self.buckets[-1] and table_width <= self.max_blocks
 
 
-def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool, num_cpu_blocks: int):
-    """Chapter 6's manager: sharing, copy-on-write, a CPU pool, and (optionally) prefix caching."""
-    return PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks,
-                                     enable_prefix_caching=prefix_caching)
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, vocab] of one decode step (host tensors in, copied to the buffers)."""
+        n = len(input_ids)
+        b = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.slot_mapping[n:b].fill_(-1)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.seq_lens[n:b].zero_()
+        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self.graphs[b].replay()
+        return self.outputs[b][:n]

@@ -1,5 +1,9 @@
 """Chapter 11 exercises: reference solutions."""
 
+import torch
+
+from minipaged.engine import LLM
+
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:
     """Exercise 11.1: keep a token while the mass ranked before it is below top_p."""
@@ -25,3 +29,35 @@ def ttft_and_tpot(arrival: float, token_times: list[float]) -> tuple[float, floa
     if len(token_times) < 2:
         return ttft, None
     return ttft, (token_times[-1] - token_times[0]) / (len(token_times) - 1)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
+                             penalty: float) -> torch.Tensor:
+    """Exercise 11.4: penalise, row by row, every token id that occurs in the row's history.
+
+    A seen token's logit is divided by ``penalty`` if positive, multiplied if negative (the
+    rule of transformers and vLLM); each distinct token counts once. Returns a new tensor.
+    """
+    out = logits.clone()
+    for row, history in enumerate(histories):
+        if not history:
+            continue
+        ids = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+        seen = out[row, ids]
+        out[row, ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return out
+
+
+class PenalizedLLM(LLM):
+    """Exercise 11.4: ``LLM`` with a repetition penalty applied before every draw."""
+
+    def __init__(self, model, *, repetition_penalty: float = 1.0, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        self.repetition_penalty = repetition_penalty
+
+    def _sample(self, logits, samplers) -> list[int]:
+        if samplers and self.repetition_penalty != 1.0:
+            seqs = [child or seq for seq, child in samplers]
+            histories = [s.prompt_token_ids + s.output_token_ids for s in seqs]
+            logits = apply_repetition_penalty(logits, histories, self.repetition_penalty)
+        return super()._sample(logits, samplers)

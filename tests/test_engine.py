@@ -4,8 +4,10 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from minipaged.engine import LLM
+from minipaged.engine import LLM, InvalidRequestError
 from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
 
@@ -179,3 +181,108 @@ def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
     assert len(llm.stats.ttft) == len(llm.stats.tpot) == len(prompts)
     assert all(t > 0 for t in llm.stats.ttft + llm.stats.tpot)
     assert stats["forward_seconds"] > 0 and stats["schedule_seconds"] > 0
+
+
+# -- bad input and failed steps (a request is checked before it is queued; a failed
+#    generate call leaves the engine as a fresh one) -----------------------------------------
+
+@pytest.mark.parametrize("prompt, params", [
+    ([1, 512], GREEDY),                                   # outside the vocabulary (512)
+    ([-1, 3], GREEDY),                                    # negative
+    ([1.5, 2.0], GREEDY),                                 # not integers
+    ([1, 2], SamplingParams(top_k=-5)),                   # -1 and 0 are "off", -5 is wrong
+    ([1, 2], SamplingParams(temperature=float("nan"))),
+    ([1, 2], SamplingParams(seed=1.5)),
+    ([1, 2], SamplingParams(stop_token_ids=(600,))),
+    ([1, 2], {"temperature": 0}),                          # not a SamplingParams
+])
+def test_bad_requests_raise_a_typed_error_and_queue_nothing(setup, prompt, params):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, check_invariants=True)
+    with pytest.raises(InvalidRequestError):
+        llm.add_request(prompt, params)
+    with pytest.raises(InvalidRequestError):
+        llm.generate([prompts[0], prompt], [GREEDY, params], use_tqdm=False)
+    assert not llm.has_unfinished_requests() and llm.manager.num_sequences == 0
+    assert tokens(llm.generate(prompts[:2], GREEDY, use_tqdm=False)) == reference[:2]
+
+
+def test_off_values_are_accepted(setup):
+    hf, prompts, _ = setup
+    llm = LLM(hf, block_size=4)
+    for params in (SamplingParams(top_k=-1, max_tokens=2), SamplingParams(top_k=0, max_tokens=2),
+                   SamplingParams(seed=None, max_tokens=2)):
+        out = llm.generate([prompts[0]], params, use_tqdm=False)[0]
+        assert out.error is None and len(out.outputs[0].token_ids) == 2
+
+
+def test_empty_prompt_is_refused_with_an_error(setup):
+    hf, prompts, reference = setup
+    outputs = LLM(hf, block_size=4).generate([[], prompts[0]], GREEDY, use_tqdm=False)
+    assert outputs[0].error and outputs[0].outputs == []
+    assert outputs[1].outputs[0].token_ids == reference[0]
+
+
+def test_a_failed_step_aborts_the_call_and_frees_every_block(setup, monkeypatch):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, check_invariants=True)
+    monkeypatch.setattr(llm.model, "forward",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert not llm.has_unfinished_requests() and not llm._requests
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    monkeypatch.undo()
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
+
+
+_good_prompt = st.lists(st.integers(0, 511), min_size=1, max_size=12)
+_bad_prompt = st.one_of(
+    st.just([]), st.lists(st.integers(512, 10_000), min_size=1, max_size=3),
+    st.lists(st.integers(-50, -1), min_size=1, max_size=3),
+    st.lists(st.floats(0.5, 9.5), min_size=1, max_size=3),
+    st.just([1] * 300))                                    # longer than max_model_len (256)
+_params = st.one_of(
+    st.builds(SamplingParams, temperature=st.sampled_from([0.0, 0.7, 1.0]),
+              top_k=st.sampled_from([-1, 0, 1, 5]), top_p=st.sampled_from([0.5, 1.0]),
+              max_tokens=st.integers(1, 3), ignore_eos=st.just(True),
+              seed=st.one_of(st.none(), st.integers(0, 100))),
+    st.builds(SamplingParams, top_k=st.integers(-20, -2), max_tokens=st.just(2)))
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(calls=st.lists(st.tuples(st.lists(st.one_of(_good_prompt, _bad_prompt), min_size=1,
+                                         max_size=3),
+                                st.lists(_params, min_size=3, max_size=3),
+                                st.booleans()), min_size=1, max_size=3))
+def test_random_good_and_bad_calls_leave_the_engine_as_new(engine_for_mixes, calls):
+    llm, probe, probe_tokens = engine_for_mixes
+    for prompts, params, fail in calls:
+        if fail:   # a step that raises, whatever the requests
+            llm.model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+        try:
+            outputs = llm.generate(prompts, params[:len(prompts)], use_tqdm=False)
+        except (InvalidRequestError, RuntimeError):
+            pass
+        else:
+            assert len(outputs) == len(prompts)
+            if fail:                 # no step can have run: every prompt was refused
+                assert all(o.error for o in outputs)
+            for out in outputs:
+                assert out.error is not None or all(
+                    1 <= len(c.token_ids) <= 3 for c in out.outputs)
+        finally:
+            if fail:
+                del llm.model.forward
+        assert not llm.has_unfinished_requests() and llm.manager.num_sequences == 0
+        assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+        llm.scheduler.check_invariants()
+    assert tokens(llm.generate([probe], GREEDY, use_tqdm=False)) == [probe_tokens]
+
+
+@pytest.fixture(scope="module")
+def engine_for_mixes(setup):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, num_blocks=128, max_model_len=256, check_invariants=True)
+    return llm, prompts[1], reference[1]

@@ -1,7 +1,13 @@
 """Checks for the chapter 11 exercises (exercises/ch11_engine.py)."""
 
-import pytest
+import random
 
+import pytest
+import torch
+
+from minipaged.engine import LLM
+from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.scheduler import SamplingParams
 from tests.exercises.answers import load
 
 ex = load("ch11_engine")
@@ -26,3 +32,143 @@ def test_11_2_decode_roofline():
 def test_11_3_ttft_and_tpot():
     assert ex.ttft_and_tpot(1.0, [1.5, 1.7, 2.1]) == pytest.approx((0.5, 0.3))
     assert ex.ttft_and_tpot(0.0, [2.0]) == (2.0, None)
+
+
+# -- 11.4: a repetition penalty, graded against transformers ---------------------------------
+
+NEW = 8
+
+
+def _reference_penalty(logits, histories, penalty):
+    """transformers' RepetitionPenaltyLogitsProcessor, row by row (the ground truth)."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    process = RepetitionPenaltyLogitsProcessor(penalty)
+    rows = [process(torch.tensor([h or [0]]), logits[i:i + 1].clone()) if h
+            else logits[i:i + 1].clone() for i, h in enumerate(histories)]
+    return torch.cat(rows)
+
+
+def grade_penalty_function(fn):
+    """Raise AssertionError unless ``fn`` is a correct ``apply_repetition_penalty``."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 40) * 3
+    logits[0, 5] = 0.0
+    histories = [[5, 3, 3, 3, 7], [], [39, 0, 12, 12], [1, 2, 3, 4, 5, 6, 7, 8]]
+    before = logits.clone()
+    for penalty in (1.0, 1.3, 2.5, 0.8):
+        got = fn(logits, histories, penalty)
+        assert torch.equal(logits, before), "the input logits must not change"
+        want = _reference_penalty(logits, histories, penalty)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-6), f"penalty {penalty}: wrong logits"
+
+
+@pytest.fixture(scope="module")
+def penalty_setup():
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 17, 33, 9, 2)]
+    # prompts 0 and 4 repeat tokens in their outputs; the last two hold in their prompts
+    # tokens the model would pick next
+    prompts = [prompts[0], prompts[4], prompts[4] + [54], prompts[0] + [240, 45]]
+    greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    plain = [o.outputs[0].token_ids
+             for o in LLM(hf, block_size=4).generate(prompts, greedy, use_tqdm=False)]
+    want = {penalty: _hf_penalised(hf, prompts, penalty) for penalty in (1.5,)}
+    assert all(w != plain for w in want.values())   # the penalty must matter here
+    return hf, prompts, plain, want
+
+
+def _hf_penalised(hf, prompts, penalty):
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        seq = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0,
+                          repetition_penalty=penalty)
+        out.append(seq[0, len(prompt):].tolist())
+    return out
+
+
+def grade_penalized_llm(cls, setup):
+    """Raise AssertionError unless ``cls`` serves greedy requests like transformers does."""
+    hf, prompts, plain, want = setup
+    greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    default = cls(hf, block_size=4).generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in default] == plain, "penalty 1.0 changed tokens"
+    for penalty, expected in want.items():
+        llm = cls(hf, block_size=4, max_num_seqs=2, repetition_penalty=penalty)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        assert got == expected, f"penalty {penalty}: {got} != {expected}"
+        assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+
+
+def test_11_4_penalty_function():
+    grade_penalty_function(ex.apply_repetition_penalty)
+
+
+def test_11_4_penalized_llm_equals_transformers(penalty_setup):
+    grade_penalized_llm(ex.PenalizedLLM, penalty_setup)
+
+
+# Planted bugs: the graders above must reject each of them.
+
+def _divides_always(logits, histories, penalty):
+    out = logits.clone()
+    for row, h in enumerate(histories):
+        ids = torch.tensor(sorted(set(h)), dtype=torch.long)
+        if len(ids):
+            out[row, ids] = out[row, ids] / penalty
+    return out
+
+
+def _counts_repeats(logits, histories, penalty):
+    out = logits.clone()
+    for row, h in enumerate(histories):
+        for t in h:
+            x = out[row, t]
+            out[row, t] = x / penalty if x > 0 else x * penalty
+    return out
+
+
+def _shares_history(logits, histories, penalty):
+    seen = sorted({t for h in histories for t in h})
+    return _reference_penalty(logits, [seen] * len(histories), penalty)
+
+
+def _in_place(logits, histories, penalty):
+    logits.copy_(_reference_penalty(logits, histories, penalty))
+    return logits
+
+
+@pytest.mark.parametrize("bug", [_divides_always, _counts_repeats, _shares_history, _in_place])
+def test_11_4_planted_bugs_fail_where_your_function_passes(bug):
+    grade_penalty_function(ex.apply_repetition_penalty)
+    with pytest.raises(AssertionError):
+        grade_penalty_function(bug)
+
+
+def _planted_llm(history):
+    class Planted(LLM):
+        def __init__(self, model, *, repetition_penalty=1.0, **kwargs):
+            super().__init__(model, **kwargs)
+            self.repetition_penalty = repetition_penalty
+
+        def _sample(self, logits, samplers):
+            if samplers:
+                seqs = [child or seq for seq, child in samplers]
+                logits = _reference_penalty(logits, [history(s) for s in seqs],
+                                            self.repetition_penalty)
+            return super()._sample(logits, samplers)
+
+    return Planted
+
+
+@pytest.mark.parametrize("history", [lambda s: list(s.output_token_ids),
+                                     lambda s: list(s.prompt_token_ids)],
+                         ids=["output-only", "prompt-only"])
+def test_11_4_planted_engine_bugs_fail_where_your_engine_passes(penalty_setup, history):
+    ex.PenalizedLLM(penalty_setup[0], block_size=4, repetition_penalty=1.5)  # yours exists
+    with pytest.raises(AssertionError):
+        grade_penalized_llm(_planted_llm(history), penalty_setup)
