@@ -61,3 +61,19 @@ def test_compile_targets_without_a_gpu_says_so_and_compiles_nothing():
     script = Path(__file__).resolve().parent.parent / "tools" / "compile_targets.py"
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "no CUDA GPU here" in done.stdout
+
+
+def test_compile_targets_finds_every_kernel_and_its_inlined_helpers():
+    import subprocess
+
+    code = ("import sys; sys.path[:0] = ['tools', '.']\n"
+            "import compile_targets as ct\n"
+            "k = ct.find_kernels(); print(sorted(k)); print(ct.inlined_helpers(k))\n")
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0"}  # real JITFunctions, no launch
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kernels, helpers = done.stdout.strip().splitlines()[-2:]
+    for name in ("kv_cache._write_kv_kernel", "decode_attention._paged_decode_kernel"):
+        assert name in kernels
+    assert "decode_attention._attend_tiles" in helpers  # compiled inside its callers
