@@ -2,29 +2,13 @@
 
 import minipaged.fragmentation as frag
 from minipaged.fragmentation import POLICIES, generate_workload, simulate
-
-
-class _BestFit(frag.FirstFitAllocator):
-    def allocate(self, size):
-        fits = [i for i, hole in enumerate(self._sizes) if hole >= size]
-        if not fits:
-            return None
-        i = min(fits, key=lambda k: (self._sizes[k], self._starts[k]))
-        start = self._starts[i]
-        if self._sizes[i] == size:
-            del self._starts[i], self._sizes[i]
-        else:
-            self._starts[i] += size
-            self._sizes[i] -= size
-        self._regions[start] = size
-        self.free_tokens -= size
-        return start
+from solutions.ch02_fragmentation import BestFitAllocator  # exercise 2.4's reference answer
 
 
 def test_best_fit_only_shaves_the_oracles_external_fragmentation(monkeypatch):
     requests = generate_workload("sharegpt", 600, seed=0)
     first = simulate(requests, "oracle", 16384).shares()["external"]
-    monkeypatch.setattr(frag, "FirstFitAllocator", _BestFit)
+    monkeypatch.setattr(frag, "FirstFitAllocator", BestFitAllocator)
     best = simulate(requests, "oracle", 16384).shares()["external"]
     assert 0 < first - best < 0.04 and best > 0.1      # "a point or two, no more"
 
