@@ -1,0 +1,39 @@
+"""The book's sources hold together: the bibliography parses, every citation has an entry, every
+glued number in the prose is glued by a cell of the same chapter, every figure reference has a
+figure. (The build would fail or show a broken reference otherwise, but only `make book` sees it.)"""
+
+import re
+from pathlib import Path
+
+import pytest
+from pybtex.database import parse_file
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
+
+
+def test_the_bibliography_parses_and_every_citation_has_an_entry():
+    keys = set(parse_file(str(ROOT / "references.bib")).entries)
+    for chapter in CHAPTERS:
+        for group in re.findall(r"\{cite(?::[pt])?\}`([^`]+)`", chapter.read_text()):
+            for key in (k.strip() for k in group.split(",")):
+                assert key in keys, f"{chapter.name}: cites {key!r}, not in references.bib"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.stem)
+def test_glued_names_are_glued_and_figures_referenced_exist(chapter):
+    text = chapter.read_text()
+    code = "\n".join(re.findall(r"```\{code-cell\}.*?\n(.*?)```", text, re.S))
+    prose = re.sub(r"```\{code-cell\}.*?```", "", text, flags=re.S)
+    glued = set(re.findall(r"""glue\(\s*["']([A-Za-z0-9_]+)["']""", code))
+    glued |= set(re.findall(r"""["']([A-Za-z0-9_]+)["']""", code))  # glue(name, ...) of a literal
+    templates = [re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(t))  # glue(f"{name}_steps", ...)
+                 for t in re.findall(r"""glue\(\s*f["']([^"']+)["']""", code)]
+    for name in re.findall(r"\{glue(?::text)?\}`([A-Za-z0-9_]+)", prose):
+        assert name in glued or any(re.fullmatch(t, name) for t in templates), \
+            f"{chapter.name}: the prose uses {{glue}} `{name}` but no cell glues it"
+    names = set(re.findall(r"^\s*name:\s*(\S+)", text, re.M)) | set(re.findall(r"^\((\S+)\)=", text, re.M))
+    for ref in re.findall(r"\{numref\}`(?:[^`<]*<)?([^`>]+)>?`", text):
+        if ref.startswith("fig-"):
+            assert ref in names or any(ref in c.read_text() for c in CHAPTERS), \
+                f"{chapter.name}: {{numref}} `{ref}` names no figure"
