@@ -123,7 +123,13 @@ def glue(name: str, value: T, display: bool = False) -> T:
     """Hand ``value`` to the prose as ``{glue:text}`name``` (myst-nb); return it.
 
     Without myst-nb (Colab, a plain Jupyter) the value is shown if ``display`` is true.
+    A NumPy or torch scalar is glued as the plain Python number it holds, so format specs such
+    as ``{glue:text}`name:.1f``` work on it.
     """
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        plain = value.item()
+    else:
+        plain = value
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
@@ -132,5 +138,5 @@ def glue(name: str, value: T, display: bool = False) -> T:
 
             show(value)
         return value
-    myst_glue(name, value, display=display)
+    myst_glue(name, plain, display=display)
     return value
