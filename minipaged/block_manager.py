@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from minipaged.sizing import ceil_div
+
 __all__ = [
     "BlockManagerError",
     "NoFreeBlocksError",
@@ -52,7 +54,7 @@ class NoFreeBlocksError(BlockManagerError, MemoryError):
             "tokens.")
 
 
-# %% chapters/04_block_manager.md:174
+# %% chapters/04_block_manager.md:176
 class TeachingBlockManager:
     """The smallest working block manager: a free list, a table and a length per
     request.
@@ -84,7 +86,7 @@ class TeachingBlockManager:
         del self.lengths[request]
 
 
-# %% chapters/04_block_manager.md:271
+# %% chapters/04_block_manager.md:273
 class UnknownSequenceError(BlockManagerError, KeyError):
     """An operation named a sequence the manager does not hold."""
 
@@ -125,7 +127,7 @@ class StepPendingError(BlockManagerError, RuntimeError):
             "commit_step() or abort_step() first")
 
 
-# %% chapters/04_block_manager.md:321
+# %% chapters/04_block_manager.md:323
 @dataclass
 class SequenceState:
     """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved."""
@@ -137,7 +139,7 @@ class SequenceState:
 
     def blocks_for(self, num_tokens: int, block_size: int) -> int:
         """Table entries needed to hold ``num_tokens`` tokens."""
-        return -(-num_tokens // block_size)
+        return ceil_div(num_tokens, block_size)
 
 
 class FreeBlockList:
@@ -164,7 +166,7 @@ class FreeBlockList:
         self._queue.appendleft(block)
 
 
-# %% chapters/04_block_manager.md:366
+# %% chapters/04_block_manager.md:368
 class KVBlockManager:
     """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every table.
 
@@ -208,7 +210,7 @@ class KVBlockManager:
         """Undo ``_take_blocks`` for one block (blocks come back in reverse order)."""
         self._free.unpop(block)
 
-    # %% chapters/04_block_manager.md:436
+    # %% chapters/04_block_manager.md:438
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -236,7 +238,7 @@ class KVBlockManager:
         """Tokens of the sequence whose KV is in the cache (committed steps only)."""
         return self._state(seq_id).length
 
-    # %% chapters/04_block_manager.md:473
+    # %% chapters/04_block_manager.md:475
     def _check_no_step(self, what: str) -> None:
         if self._pending is not None:
             raise StepPendingError(what)
@@ -260,7 +262,7 @@ class KVBlockManager:
         if len(self._released) > self._RELEASED_MEMORY:
             self._released.popitem(last=False)
 
-    # %% chapters/04_block_manager.md:508
+    # %% chapters/04_block_manager.md:510
     def first_inconsistency(self) -> str | None:
         """None if every invariant holds, else a sentence naming the first bad block."""
         free = list(self._free)
@@ -296,14 +298,14 @@ class KVBlockManager:
         storage is right."""
         return self.first_inconsistency() is None and self._storage_inconsistency() is None
 
-    # %% chapters/04_block_manager.md:600
+    # %% chapters/04_block_manager.md:602
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
         """Free blocks that writing ``count`` more tokens into ``state`` takes."""
         tokens = state.length + state.reserved + count
-        needed = -(-tokens // self.block_size) - len(state.block_table)
+        needed = ceil_div(tokens, self.block_size) - len(state.block_table)
         return needed if needed > 0 else 0
 
-    def blocks_needed(self, num_new_tokens: Mapping[Hashable, int]) -> int:
+    def num_blocks_to_allocate(self, num_new_tokens: Mapping[Hashable, int]) -> int:
         """Free blocks a step writing ``num_new_tokens[seq]`` tokens per sequence takes."""
         counts = num_new_tokens.items()
         return sum(self._new_blocks_for(self._state(s), n) for s, n in counts)
@@ -317,7 +319,7 @@ class KVBlockManager:
         return sum(len(st.block_table) * self.block_size - st.length - st.reserved
                    for st in self._seqs.values())
 
-    # %% chapters/04_block_manager.md:756
+    # %% chapters/04_block_manager.md:758
     def reserve_step(self, num_new_tokens: Mapping[Hashable, int] | Iterable[Hashable]
                      ) -> StepReservation:
         """Take every block a step needs, or raise ``NoFreeBlocksError`` and change nothing.
@@ -364,7 +366,7 @@ class KVBlockManager:
         new_blocks_for = self._new_blocks_for
         return [new_blocks_for(st, n) for st, n in zip(states, counts)]
 
-    # %% chapters/04_block_manager.md:812
+    # %% chapters/04_block_manager.md:814
     def _grow(self, state: SequenceState, k: int, undo: list[tuple],
               copies: list) -> list[int]:
         """Append ``k`` fresh blocks to the table; log ``("grow", state, blocks)``."""
@@ -388,7 +390,7 @@ class KVBlockManager:
         for state in states:
             state.reserved = 0
 
-    # %% chapters/04_block_manager.md:870
+    # %% chapters/04_block_manager.md:872
     def _check_pending(self, reservation: StepReservation) -> None:
         if self._pending is None or reservation.step_id != self._pending.step_id:
             pending = "none" if self._pending is None else self._pending.step_id
@@ -415,7 +417,7 @@ class KVBlockManager:
         return self._pending
 
     def can_reserve(self, num_new_tokens: Mapping[Hashable, int]) -> bool:
-        return self.blocks_needed(num_new_tokens) <= self.num_free_blocks
+        return self.num_blocks_to_allocate(num_new_tokens) <= self.num_free_blocks
 
     def append_token(self, seq_id: Hashable) -> int:
         """Place one token (a one-sequence, one-token step) and return its slot."""
@@ -429,7 +431,7 @@ class KVBlockManager:
         self.commit_step(reservation)
         return reservation.slot_mapping.tolist()
 
-    # %% chapters/04_block_manager.md:998
+    # %% chapters/04_block_manager.md:1000
     def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
                             device: torch.device | str | None = None) -> torch.Tensor:
         """int32 [len(seq_ids)]: tokens attention reads, with the pending step's."""
@@ -437,7 +439,7 @@ class KVBlockManager:
         lens = torch.tensor([st.length + st.reserved for st in states], dtype=torch.int32)
         return lens.to(device) if device is not None else lens
 
-    # %% chapters/04_block_manager.md:1544
+    # %% chapters/04_block_manager.md:1546
     def _make_live_sequences(self) -> LiveSequences:
         """The live sequences, their block tables mirrored in one persistent array."""
         return LiveSequences(BlockTableArray())
@@ -460,7 +462,7 @@ class KVBlockManager:
         out = torch.from_numpy(self._seqs.mirror.gather(self._seqs.rows(states), pad_value))
         return out.to(device) if device is not None else out
 
-    # %% chapters/04_block_manager.md:1577
+    # %% chapters/04_block_manager.md:1579
     def _describe_step(self, states: list[SequenceState], counts: list[int],
                        new_blocks: dict[Hashable, list[int]],
                        seq_ids: tuple[Hashable, ...] | None = None) -> StepReservation:
@@ -488,7 +490,7 @@ class KVBlockManager:
             new_blocks=new_blocks, states=states)
 
 
-# %% chapters/04_block_manager.md:723
+# %% chapters/04_block_manager.md:725
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, held until commit or abort.
@@ -515,7 +517,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
-# %% chapters/04_block_manager.md:1172
+# %% chapters/04_block_manager.md:1174
 def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
                          first_blocks: Sequence[int],
                          starts: Sequence[int], counts: Sequence[int],
@@ -541,7 +543,7 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
     return blocks * block_size + positions % block_size
 
 
-# %% chapters/04_block_manager.md:1225
+# %% chapters/04_block_manager.md:1227
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table.
 
@@ -586,7 +588,7 @@ class BlockTableArray:
         self._free_rows.append(row)
         table._mirror = table._row = None
 
-    # %% chapters/04_block_manager.md:1276
+    # %% chapters/04_block_manager.md:1278
     def sync(self, row: int, table: Sequence[int], start: int) -> None:
         """Row ``row`` := ``table``, rewriting entries from ``start`` on."""
         old, new = int(self.lengths[row]), len(table)
@@ -608,7 +610,7 @@ class BlockTableArray:
         return out
 
 
-# %% chapters/04_block_manager.md:1307
+# %% chapters/04_block_manager.md:1309
 class BlockTable(list):
     """A sequence's block table: a list of block ids that writes every change through to
     its row of a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
@@ -655,7 +657,7 @@ class BlockTable(list):
         self._sync(0)
         return self
 
-    # %% chapters/04_block_manager.md:1359
+    # %% chapters/04_block_manager.md:1361
     def pop(self, index: int = -1) -> int:
         block = super(BlockTable, self).pop(index)
         self._sync(0)
@@ -682,7 +684,7 @@ class BlockTable(list):
         self._sync(0)
 
 
-# %% chapters/04_block_manager.md:1397
+# %% chapters/04_block_manager.md:1399
 class LiveSequences(dict):
     """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets
     its block table attached to a row of ``mirror``, and every state that leaves gives
@@ -738,7 +740,7 @@ class LiveSequences(dict):
         for seq_id, state in dict(*args, **kwargs).items():
             self[seq_id] = state
 
-    # %% chapters/04_block_manager.md:1459
+    # %% chapters/04_block_manager.md:1461
     def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
         """The mirror rows of ``states`` (re-attaching a table replaced by a plain list)."""
         try:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from minipaged.sizing import block_table_entries
+from minipaged.sizing import block_table_entries, ceil_div
 
 __all__ = [
     "BlockTableError", "BlockAddress", "locate", "physical_address", "slot_for",
@@ -166,7 +166,7 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
     rows = []
     for block_size in block_sizes:
         _check_block_size(int(block_size))
-        blocks = -(-lengths_np // block_size)
+        blocks = ceil_div(lengths_np, block_size)
         allocated = int(blocks.sum()) * block_size
         rows.append({
             "block_size": int(block_size),

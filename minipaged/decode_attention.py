@@ -16,6 +16,7 @@ import triton.language as tl
 
 from minipaged.block_table import blocks_needed
 from minipaged.kv_cache import PagedKVCache
+from minipaged.sizing import ceil_div
 
 __all__ = [
     "paged_attention",
@@ -50,7 +51,7 @@ def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: i
     return out
 
 
-# %% chapters/08_paged_attention.md:313
+# %% chapters/08_paged_attention.md:314
 @triton.jit
 def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
                   stride_block, stride_token,
@@ -97,7 +98,7 @@ def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
     return m, l, acc
 
 
-# %% chapters/08_paged_attention.md:365
+# %% chapters/08_paged_attention.md:366
 @triton.jit
 def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log2,
                       group,
@@ -125,7 +126,7 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
              result.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/08_paged_attention.md:401
+# %% chapters/08_paged_attention.md:402
 def _launch_config(head_dim: int, device: torch.device,
                    split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
@@ -165,7 +166,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return out
 
 
-# %% chapters/08_paged_attention.md:550
+# %% chapters/08_paged_attention.md:551
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -228,7 +229,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:623
+# %% chapters/08_paged_attention.md:624
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -253,12 +254,12 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int,
 
 def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, int]:
     """(tokens per split, splits): ranges rounded up to whole granules, none empty."""
-    tokens_per_split = -(-max(max_tokens, 1) // num_splits)
-    tokens_per_split = -(-tokens_per_split // granule) * granule
-    return tokens_per_split, max(1, -(-max_tokens // tokens_per_split))
+    tokens_per_split = ceil_div(max(max_tokens, 1), num_splits)
+    tokens_per_split = ceil_div(tokens_per_split, granule) * granule
+    return tokens_per_split, max(1, ceil_div(max_tokens, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:671
+# %% chapters/08_paged_attention.md:672
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -291,7 +292,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:708
+# %% chapters/08_paged_attention.md:709
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -308,7 +309,7 @@ def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
             f" x block size {cache.block_size}), got "
             f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
     read = (torch.arange(width, device=block_tables.device)[None, :]
-            < (seq_lens[:, None].long() + cache.block_size - 1) // cache.block_size)
+            < ceil_div(seq_lens[:, None].long(), cache.block_size))
     bad = read & ((block_tables < 0) | (block_tables >= cache.num_blocks))
     if bad.any():
         b, j = (int(i) for i in bad.nonzero()[0])
@@ -330,7 +331,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:749
+# %% chapters/08_paged_attention.md:750
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,

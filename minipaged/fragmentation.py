@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minipaged.sizing import ceil_div
+
 __all__ = [
     "TraceRequest", "WorkloadSpec", "WORKLOADS", "TraceFormatError",
     "clipped_lognormal_mean", "fit_lognormal_mu", "generate_workload", "read_trace_csv",
@@ -54,7 +56,7 @@ def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
                      "choose max, pow2 or oracle")
 
 
-# %% chapters/02_fragmentation.md:340
+# %% chapters/02_fragmentation.md:342
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a workload: arrival (in decode steps) and its token counts."""
@@ -88,7 +90,7 @@ WORKLOADS = {
 }
 
 
-# %% chapters/02_fragmentation.md:378
+# %% chapters/02_fragmentation.md:380
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -120,7 +122,7 @@ def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
     return (low + high) / 2
 
 
-# %% chapters/02_fragmentation.md:415
+# %% chapters/02_fragmentation.md:417
 def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int,
              n: int) -> np.ndarray:
     mu = fit_lognormal_mu(mean, sigma, cap)
@@ -165,7 +167,7 @@ def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: in
             for a, p, o in zip(arrivals, prompt, output)]
 
 
-# %% chapters/02_fragmentation.md:519
+# %% chapters/02_fragmentation.md:521
 class FirstFitAllocator:
     """Contiguous regions of a ``capacity``-token space: first fit, free neighbours
     merged."""
@@ -204,7 +206,7 @@ class FirstFitAllocator:
         """Size of the largest free hole: the largest region it can allocate now."""
         return max(self._sizes, default=0)
 
-    # %% chapters/02_fragmentation.md:566
+    # %% chapters/02_fragmentation.md:568
     def free(self, start: int) -> None:
         """Return the region that starts at ``start``; merge it with free neighbours."""
         if start not in self._regions:
@@ -222,7 +224,7 @@ class FirstFitAllocator:
             del self._starts[i]
 
 
-# %% chapters/02_fragmentation.md:690
+# %% chapters/02_fragmentation.md:692
 _STATES = ("token_states", "reservation", "internal",
            "external", "headroom", "blocked", "free")
 _SERIES = _STATES + ("running", "waiting")
@@ -281,7 +283,7 @@ class SimulationResult:
         }
 
 
-# %% chapters/02_fragmentation.md:756
+# %% chapters/02_fragmentation.md:758
 class _ContiguousMemory:
     """One first-fit region per request, reserved on admission for all its future
     tokens."""
@@ -318,7 +320,7 @@ class _ContiguousMemory:
         return 0, 0, idle
 
 
-# %% chapters/02_fragmentation.md:798
+# %% chapters/02_fragmentation.md:800
 class _PagedMemory:
     """Blocks of ``block_size`` slots, counted free or owned; any free block serves
     any request."""
@@ -331,13 +333,13 @@ class _PagedMemory:
 
     def need(self, final_len: int) -> int:
         """Slots a request that ends with ``final_len`` tokens owns at its end."""
-        return -(-final_len // self.block_size) * self.block_size
+        return ceil_div(final_len, self.block_size) * self.block_size
 
     def admit(self, rid: int, length: int, final_len: int,
               others_running: bool) -> int | None:
         """Blocks for the ``length`` tokens a request holds, if the watermark stays
         free."""
-        blocks = -(-length // self.block_size)
+        blocks = ceil_div(length, self.block_size)
         if blocks > self.free_blocks - (self.watermark_blocks if others_running else 0):
             return None
         self.free_blocks -= blocks
@@ -363,7 +365,7 @@ class _PagedMemory:
         return 0, kept * self.block_size, idle - kept * self.block_size
 
 
-# %% chapters/02_fragmentation.md:848
+# %% chapters/02_fragmentation.md:850
 class _Simulation:
     """The state of one ``simulate`` run: queue, running requests, lengths, records."""
 
@@ -402,7 +404,7 @@ class _Simulation:
             self._finish()
             self.step += 1
 
-    # %% chapters/02_fragmentation.md:893
+    # %% chapters/02_fragmentation.md:895
     def _arrive(self) -> None:
         """Queue the requests that have arrived; skip idle time to the next arrival."""
         idle = not self.running and not self.waiting
@@ -412,7 +414,7 @@ class _Simulation:
             self.waiting.append(self.next_arrival)
             self.next_arrival += 1
 
-    # %% chapters/02_fragmentation.md:911
+    # %% chapters/02_fragmentation.md:913
     def _decode(self) -> None:
         """Store one token per running request; grow paged ones, preempting if needed."""
         if not self.running:
@@ -437,7 +439,7 @@ class _Simulation:
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
-    # %% chapters/02_fragmentation.md:945
+    # %% chapters/02_fragmentation.md:947
     def _admit(self) -> int | None:
         """Admit from the head of the queue; the head memory refused, or None."""
         while self.waiting:
@@ -452,7 +454,7 @@ class _Simulation:
             self.running.append(self.waiting.popleft())
         return None
 
-    # %% chapters/02_fragmentation.md:967
+    # %% chapters/02_fragmentation.md:969
     def _record(self, head: int | None) -> None:
         """Append this step's slot states, running and waiting counts to the records."""
         ids = np.asarray(self.running, dtype=np.int64)
@@ -486,7 +488,7 @@ class _Simulation:
             self.running = [rid for rid in self.running if rid not in done_set]
 
 
-# %% chapters/02_fragmentation.md:1007
+# %% chapters/02_fragmentation.md:1009
 def simulate(requests: list[TraceRequest], policy: str = "paged",
              budget_tokens: int = 16384, *, block_size: int = 16, max_len: int = 2048,
              max_running: int | None = None,
@@ -528,7 +530,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged",
                             **arrays)
 
 
-# %% chapters/02_fragmentation.md:1324
+# %% chapters/02_fragmentation.md:1326
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as requests (missing column, bad value)."""
 
@@ -567,7 +569,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     return None
 
 
-# %% chapters/02_fragmentation.md:1368
+# %% chapters/02_fragmentation.md:1370
 def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
                    output_column: str | None = None, arrival_column: str | None = None,
                    rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -607,7 +609,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
-# %% chapters/02_fragmentation.md:1437
+# %% chapters/02_fragmentation.md:1439
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(

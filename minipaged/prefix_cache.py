@@ -15,6 +15,7 @@ import numpy as np
 
 from minipaged.block_manager import SequenceState, StepReservation
 from minipaged.sharing import SharingBlockManager
+from minipaged.sizing import ceil_div
 
 __all__ = ["LRUFreeBlockQueue", "chained_block_hash", "PrefixCacheStats",
            "PrefixCachingBlockManager"]
@@ -56,7 +57,7 @@ class LRUFreeBlockQueue:
         del self._queue[block]
 
 
-# %% chapters/06_prefix_caching.md:182
+# %% chapters/06_prefix_caching.md:183
 ROOT_HASH = 0x9E3779B97F4A7C15  # "no parent" (hash(None) varies per run before 3.12)
 
 
@@ -80,7 +81,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-# %% chapters/06_prefix_caching.md:226
+# %% chapters/06_prefix_caching.md:227
 class PrefixCachingBlockManager(SharingBlockManager):
     """The engine-facing block manager: chapter 5's sharing manager plus automatic
     prefix caching.
@@ -115,7 +116,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def _make_free_list(self, blocks: Iterable[int]) -> LRUFreeBlockQueue:
         return LRUFreeBlockQueue(blocks)
 
-    # %% chapters/06_prefix_caching.md:272
+    # %% chapters/06_prefix_caching.md:273
     def create_sequence(self, seq_id: Hashable) -> None:
         super(PrefixCachingBlockManager, self).create_sequence(seq_id)
         self._tokens[seq_id], self._chain[seq_id] = [], []
@@ -163,7 +164,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self._lagging.add(seq_id)
         return pairs
 
-    # %% chapters/06_prefix_caching.md:338
+    # %% chapters/06_prefix_caching.md:339
     def _identity(self, block: int) -> tuple[int, int]:
         return block, self._generation[block]
 
@@ -212,7 +213,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         else:
             self._lagging.discard(state.seq_id)
 
-    # %% chapters/06_prefix_caching.md:397
+    # %% chapters/06_prefix_caching.md:398
     def is_cached(self, block: int) -> bool:
         """Whether ``block`` holds a registered full block (in use or free, not evicted)."""
         return self._block_hash[block] is not None
@@ -223,7 +224,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         """Blocks registered in the cache, in use by some sequence or sitting free."""
         return sum(len(blocks) for blocks in self._cache.values())
 
-    # %% chapters/06_prefix_caching.md:441
+    # %% chapters/06_prefix_caching.md:442
     def _match(self, token_ids: Sequence[int], max_blocks: int) -> list[int]:
         """Cached blocks holding the longest prefix of ``token_ids`` (at most
         ``max_blocks``)."""
@@ -260,13 +261,13 @@ class PrefixCachingBlockManager(SharingBlockManager):
         limit = self._max_cached_blocks(len(prompt_token_ids))
         return len(self._match(prompt_token_ids, limit)) * self.block_size
 
-    # %% chapters/06_prefix_caching.md:505
+    # %% chapters/06_prefix_caching.md:506
     def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int]) -> int:
         """Free blocks admitting this prompt takes: its uncached blocks plus the cached ones
         that sit in the free queue (reviving them takes them out of it)."""
         hits = self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))
         revived = sum(1 for block in hits if self._refcount[block] == 0)
-        return revived + (-(-len(prompt_token_ids) // self.block_size) - len(hits))
+        return revived + (ceil_div(len(prompt_token_ids), self.block_size) - len(hits))
 
 
     def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int]) -> int:
@@ -294,7 +295,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.stats.hits += state.length
         return state.length
 
-    # %% chapters/06_prefix_caching.md:579
+    # %% chapters/06_prefix_caching.md:580
     def _evict(self, block: int, seq_id: Hashable) -> None:
         candidates = self._cache[self._block_hash[block]]
         candidates.remove(block)
@@ -320,7 +321,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         if self._refcount[block] == 0 and self._block_hash[block] is None:
             self._free.push_front(block)  # nothing to keep: hand it out before cached ones
 
-    # %% chapters/06_prefix_caching.md:644
+    # %% chapters/06_prefix_caching.md:645
     def first_inconsistency(self) -> str | None:
         problem = super(PrefixCachingBlockManager, self).first_inconsistency()
         if problem:

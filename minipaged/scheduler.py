@@ -342,7 +342,7 @@ class Scheduler:
     def _need(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write too)."""
         if seq.seq_id in self.manager:
-            return self.manager.blocks_needed({seq.seq_id: num_tokens})
+            return self.manager.num_blocks_to_allocate({seq.seq_id: num_tokens})
         return blocks_needed(seq.num_computed_tokens + num_tokens, self.block_size)
 
     def _stats(self, out: SchedulerOutput) -> StepStats:
@@ -392,7 +392,7 @@ class Scheduler:
         free = self._free_after(budget[1])
         if self.waiting or self.swapped or free < len(running):
             step = dict.fromkeys([s.seq_id for s in running], 1)
-            need = self.manager.blocks_needed(step)
+            need = self.manager.num_blocks_to_allocate(step)
             if need > free:
                 return False
         else:

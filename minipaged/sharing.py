@@ -16,6 +16,7 @@ import numpy as np
 from minipaged.block_manager import (BlockManagerError, FreeBlockList, KVBlockManager,
                                      NoFreeBlocksError, SequenceExistsError,
                                      SequenceState, UnknownSequenceError)
+from minipaged.sizing import ceil_div
 
 __all__ = ["BlockEvent", "SharingBlockManager", "parallel_sampling_savings",
            "beam_search_savings"]
@@ -41,7 +42,7 @@ class BlockEvent(NamedTuple):
     detail: str = ""
 
 
-# %% chapters/05_sharing.md:178
+# %% chapters/05_sharing.md:179
 class SharingBlockManager(KVBlockManager):
     """A ``KVBlockManager`` whose blocks can be shared between sequences.
 
@@ -97,7 +98,7 @@ class SharingBlockManager(KVBlockManager):
         super()._untake_block(block)
         self._log("untake", None, block)
 
-    # %% chapters/05_sharing.md:245
+    # %% chapters/05_sharing.md:246
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Start ``child_id`` as a copy of ``parent_id``, sharing every block (no copy)."""
         self._check_no_step(f"fork {parent_id!r}")
@@ -111,14 +112,14 @@ class SharingBlockManager(KVBlockManager):
         self._seqs[child_id] = child
         self._released.pop(child_id, None)
 
-    # %% chapters/05_sharing.md:270
+    # %% chapters/05_sharing.md:271
     def first_inconsistency(self) -> str | None:
         """Reconcile tables, reference counts, free lists of both pools and the table array;
         name the first bad block (None: all consistent)."""
         bs, n = self.block_size, self.num_physical_blocks
         holders: list[list[Hashable]] = [[] for _ in range(n)]
         for seq_id, state in self._seqs.items():
-            if len(state.block_table) != -(-(state.length + state.reserved) // bs):
+            if len(state.block_table) != ceil_div(state.length + state.reserved, bs):
                 return (f"sequence {seq_id!r}: {len(state.block_table)} table entries for "
                         + f"{state.length}+{state.reserved} tokens at block size {bs}")
             if len(set(state.block_table)) != len(state.block_table):
@@ -150,7 +151,7 @@ class SharingBlockManager(KVBlockManager):
         places = Counter(self._cpu_free)
         for state in self._swapped.values():
             places.update(state.block_table)
-            if len(state.block_table) != -(-state.length // self.block_size):
+            if len(state.block_table) != ceil_div(state.length, self.block_size):
                 return (f"swapped sequence {state.seq_id!r}: {len(state.block_table)} CPU "
                         + f"blocks for {state.length} tokens")
         for block in range(self.num_cpu_blocks):
@@ -160,7 +161,7 @@ class SharingBlockManager(KVBlockManager):
         extra = set(places) - set(range(self.num_cpu_blocks))
         return f"CPU block {min(extra)} is outside the CPU pool" if extra else None
 
-    # %% chapters/05_sharing.md:360
+    # %% chapters/05_sharing.md:361
     def _shared_partial_block(self, state: SequenceState, position: int) -> int | None:
         """Table index of the block token ``position`` writes into, if it is shared."""
         if position % self.block_size == 0:
@@ -174,7 +175,7 @@ class SharingBlockManager(KVBlockManager):
         # block. (Written out rather than calling super(): it runs for every sequence of
         # every step.)
         bs, position = self.block_size, state.length + state.reserved
-        needed = -(-(position + count) // bs) - len(state.block_table)
+        needed = ceil_div(position + count, bs) - len(state.block_table)
         shared = position % bs and self._refcount[state.block_table[position // bs]] > 1
         if count and shared:
             return (needed if needed > 0 else 0) + 1
@@ -196,7 +197,7 @@ class SharingBlockManager(KVBlockManager):
             taken.append(dst)
         # Recount: an earlier sequence of this step may have copied away from a block.
         tokens = state.length + state.reserved
-        missing = -(-tokens // self.block_size) - len(state.block_table)
+        missing = ceil_div(tokens, self.block_size) - len(state.block_table)
         if missing > 0:
             taken += super(SharingBlockManager, self)._grow(state, missing, undo, copies)
         return taken
@@ -212,7 +213,7 @@ class SharingBlockManager(KVBlockManager):
         self._log("ref", state.seq_id, src, f"copy to block {dst} undone")
         self._untake_block(dst)
 
-    # %% chapters/05_sharing.md:525
+    # %% chapters/05_sharing.md:526
     def block_owners(self) -> dict[int, list[Hashable]]:
         """GPU block -> the sequences whose tables hold it (only allocated blocks)."""
         owners: dict[int, list[Hashable]] = {}
@@ -232,7 +233,7 @@ class SharingBlockManager(KVBlockManager):
                 filled[block] = max(filled.get(block, 0), min(bs, tokens - j * bs))
         return sum(bs - f for f in filled.values())
 
-    # %% chapters/05_sharing.md:776
+    # %% chapters/05_sharing.md:777
     def _state(self, seq_id: Hashable) -> SequenceState:
         if seq_id in self._swapped:
             hint = ("it is swapped out to the CPU pool: swap_in() it first, "
@@ -262,7 +263,7 @@ class SharingBlockManager(KVBlockManager):
         """Whether ``seq_id`` is parked in the CPU pool (not usable until ``swap_in``)."""
         return seq_id in self._swapped
 
-    # %% chapters/05_sharing.md:817
+    # %% chapters/05_sharing.md:818
     def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the CPU pool. Returns (gpu_block, cpu_block) copies,
         which the cache must run before any of those GPU blocks is written again (before the
@@ -313,7 +314,7 @@ class SharingBlockManager(KVBlockManager):
             self._cpu_free.push(cpu_block)
         self._released[seq_id] = None
 
-    # %% chapters/05_sharing.md:922
+    # %% chapters/05_sharing.md:923
     def history(self, seq_id: Hashable) -> list[BlockEvent]:
         """The logged events of one sequence, oldest first."""
         return [e for e in self.events if e.seq_id == seq_id]
@@ -370,7 +371,7 @@ class SharingBlockManager(KVBlockManager):
                         + f"the log says {tables.get(seq_id)}")
         return None
 
-    # %% chapters/05_sharing.md:1255
+    # %% chapters/05_sharing.md:1256
     def _new_blocks_for_step(self, states: list[SequenceState],
                              counts: list[int]) -> list[int]:
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
@@ -395,7 +396,7 @@ class SharingBlockManager(KVBlockManager):
         return needed.tolist()
 
 
-# %% chapters/05_sharing.md:577
+# %% chapters/05_sharing.md:578
 def _replay(make_manager: Callable[[], SharingBlockManager], requests: Sequence,
             step_fn: Callable[[SharingBlockManager, object], Iterable[list[int]]],
             ) -> float:
@@ -434,12 +435,12 @@ def parallel_sampling_savings(requests: Sequence, n: int,
             yield list(range(n))
 
     longest = max((r.prompt_len + r.output_len for r in requests), default=1)
-    pool = n * (-(-longest // block_size) + 1)
+    pool = n * (ceil_div(longest, block_size) + 1)
     return _replay(lambda: SharingBlockManager(pool, block_size, event_log_size=0),
                    requests, steps)
 
 
-# %% chapters/05_sharing.md:623
+# %% chapters/05_sharing.md:624
 def beam_search_savings(requests: Sequence, width: int, block_size: int = 16,
                         alpha: float = 1.0, seed: int = 0) -> float:
     """Share of KV blocks saved by sharing among ``width`` beams, over all decode steps.
@@ -476,6 +477,6 @@ def beam_search_savings(requests: Sequence, width: int, block_size: int = 16,
             yield beams
 
     longest = max((r.prompt_len + r.output_len for r in requests), default=1)
-    pool = width * (-(-longest // block_size) + 2)
+    pool = width * (ceil_div(longest, block_size) + 2)
     return _replay(lambda: SharingBlockManager(pool, block_size, event_log_size=0),
                    requests, steps)

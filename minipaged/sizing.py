@@ -13,7 +13,7 @@ import torch
 __all__ = [
     "DTYPE_BYTES", "KVShape", "kv_bytes_per_token", "kv_shape_from_config",
     "kv_bytes_per_token_from_config", "block_bytes", "blocks_in_budget",
-    "block_table_entries", "parameter_count", "reference_configs", "format_bytes",
+    "block_table_entries", "ceil_div", "parameter_count", "reference_configs", "format_bytes",
 ]
 
 DTYPE_BYTES = {
@@ -154,8 +154,16 @@ def blocks_in_budget(budget_bytes: int, bytes_per_block: int) -> int:
     return budget_bytes // _positive_int("bytes_per_block", bytes_per_block)
 
 
+def ceil_div(numerator, denominator):
+    """``ceil(numerator / denominator)`` in exact integer arithmetic (ints or integer arrays).
+
+    The one rounding-up of the course: blocks for a number of tokens, splits for a length.
+    """
+    return -(-numerator // denominator)
+
+
 def block_table_entries(num_tokens: int, block_size: int) -> int:
     """Entries a block table needs: ceil(tokens / block_size), in exact integers."""
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    return -(-num_tokens // _positive_int("block_size", block_size))
+    return ceil_div(num_tokens, _positive_int("block_size", block_size))

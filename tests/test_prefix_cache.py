@@ -203,7 +203,7 @@ def test_abort_restores_tables_but_keeps_evicted_blocks_evicted():
 
 
 # The engine-facing API of chapter 6's table ("these calls and no others").
-ENGINE_API = {"num_blocks_for_prompt", "cached_prefix_length", "allocate_prompt", "blocks_needed",
+ENGINE_API = {"num_blocks_for_prompt", "cached_prefix_length", "allocate_prompt", "num_blocks_to_allocate",
               "can_reserve", "reserve_step", "get_block_table_tensor", "get_seq_lens_tensor",
               "commit_step", "abort_step", "append_token_ids", "fork", "release_sequence",
               "release_swapped", "swap_out", "swap_in", "block_size", "num_physical_blocks",

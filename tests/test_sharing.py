@@ -44,12 +44,12 @@ def test_copy_on_write_only_for_shared_partial_blocks():
     m = make(bs=4, a=8)
     m.fork("a", "b")
     step = m.reserve_step(["a", "b"])           # position 8: both start fresh blocks, no copy
-    assert step.copies == [] and m.blocks_needed({"a": 1}) == 0
+    assert step.copies == [] and m.num_blocks_to_allocate({"a": 1}) == 0
     m.commit_step(step)
     assert m.block_table("a")[:2] == m.block_table("b")[:2]
     m.fork("a", "c")                            # a and c share a partial block now
-    assert m.blocks_needed({"c": 1}) == 1 and m.blocks_needed({"c": 3}) == 1
-    assert m.blocks_needed({"c": 4}) == 2 and m.blocks_needed({"c": 0}) == 0
+    assert m.num_blocks_to_allocate({"c": 1}) == 1 and m.num_blocks_to_allocate({"c": 3}) == 1
+    assert m.num_blocks_to_allocate({"c": 4}) == 2 and m.num_blocks_to_allocate({"c": 0}) == 0
     step = m.reserve_step({"c": 2, "a": 1})
     (src, dst), = step.copies
     assert src == m.block_table("a")[2] and dst == m.block_table("c")[2]
@@ -64,7 +64,7 @@ def test_three_sharers_one_step_recount():
     m = make(bs=4, a=2)
     m.fork("a", "b")
     m.fork("a", "c")
-    assert m.blocks_needed({"a": 1, "b": 1, "c": 1}) == 3
+    assert m.num_blocks_to_allocate({"a": 1, "b": 1, "c": 1}) == 3
     free = m.num_free_blocks
     step = m.reserve_step(["a", "b", "c"])
     assert len(step.copies) == 2 and m.num_free_blocks == free - 2

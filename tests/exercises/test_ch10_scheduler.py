@@ -33,7 +33,7 @@ def test_10_1_agrees_with_the_block_manager(seed):
         manager.append_tokens(i, n)
         if s:
             manager.fork(i, 100 + i)  # a sibling outside the step shares every block
-    expected = manager.blocks_needed(dict.fromkeys(range(len(lengths)), 1))
+    expected = manager.num_blocks_to_allocate(dict.fromkeys(range(len(lengths)), 1))
     assert ex.decode_step_blocks(lengths, shared, block_size) == expected
 
 
