@@ -256,22 +256,30 @@ class PrefixCachingBlockManager(SharingBlockManager):
         return (num_prompt_tokens - 1) // self.block_size  # the last token is computed
 
 
+    def match_prefix(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The cached blocks a call to ``allocate_prompt`` now would attach, in order."""
+        return self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))
+
+
     def cached_prefix_length(self, prompt_token_ids: Sequence[int]) -> int:
         """Tokens of the prompt that a call to ``allocate_prompt`` now would find cached."""
-        limit = self._max_cached_blocks(len(prompt_token_ids))
-        return len(self._match(prompt_token_ids, limit)) * self.block_size
+        return len(self.match_prefix(prompt_token_ids)) * self.block_size
 
-    # %% chapters/06_prefix_caching.md:506
-    def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int]) -> int:
+    # %% chapters/06_prefix_caching.md:514
+    def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int],
+                              hits: list[int] | None = None) -> int:
         """Free blocks admitting this prompt takes: its uncached blocks plus the cached ones
-        that sit in the free queue (reviving them takes them out of it)."""
-        hits = self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))
+        that sit in the free queue (reviving them takes them out of it). ``hits``: the result
+        of ``match_prefix`` for this prompt, if the caller has it."""
+        hits = self.match_prefix(prompt_token_ids) if hits is None else hits
         revived = sum(1 for block in hits if self._refcount[block] == 0)
         return revived + (ceil_div(len(prompt_token_ids), self.block_size) - len(hits))
 
 
-    def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int]) -> int:
-        """Create ``seq_id`` for this prompt and attach its longest cached prefix.
+    def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int],
+                        hits: list[int] | None = None) -> int:
+        """Create ``seq_id`` for this prompt and attach its longest cached prefix (``hits``, as
+        ``match_prefix`` returns it with no change to the manager since; looked up if None).
 
         Returns the number of prompt tokens already in the cache (a multiple of
         ``block_size``, below ``len(prompt)``): the sequence's length. Reserve the remaining
@@ -280,7 +288,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         """
         self.create_sequence(seq_id)
         prompt = [int(t) for t in prompt_token_ids]
-        hits = self._match(prompt, self._max_cached_blocks(len(prompt)))
+        hits = self.match_prefix(prompt) if hits is None else hits
         state = self._seqs[seq_id]
         for block in hits:
             if self._refcount[block] == 0:
@@ -295,7 +303,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.stats.hits += state.length
         return state.length
 
-    # %% chapters/06_prefix_caching.md:580
+    # %% chapters/06_prefix_caching.md:592
     def _evict(self, block: int, seq_id: Hashable) -> None:
         candidates = self._cache[self._block_hash[block]]
         candidates.remove(block)
@@ -321,7 +329,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         if self._refcount[block] == 0 and self._block_hash[block] is None:
             self._free.push_front(block)  # nothing to keep: hand it out before cached ones
 
-    # %% chapters/06_prefix_caching.md:645
+    # %% chapters/06_prefix_caching.md:657
     def first_inconsistency(self) -> str | None:
         problem = super(PrefixCachingBlockManager, self).first_inconsistency()
         if problem:

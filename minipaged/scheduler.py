@@ -431,9 +431,9 @@ class Scheduler:
             return
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            tokens, cached = (self._prefix_hit(seq) if self._caches_prefixes
-                              else (None, 0))
-            n = seq.num_tokens - cached
+            tokens, hits = (self._prefix_hit(seq) if self._caches_prefixes
+                            else (None, []))
+            n = seq.num_tokens - len(hits) * self.block_size
             if n > budget[0]:
                 if self.config.enable_chunked_prefill:
                     n = budget[0]  # a chunk now, the rest in later steps
@@ -441,14 +441,14 @@ class Scheduler:
                         return
                 elif any(c.is_prefill for c in out.chunks):
                     return  # unchunked, a prompt over budget is the only prefill
-            need = (self.manager.num_blocks_for_prompt(tokens) if tokens is not None
+            need = (self.manager.num_blocks_for_prompt(tokens, hits) if tokens is not None
                     else blocks_needed(n, self.block_size))
             if need > self._free_after(budget[1]):
                 return
             self.waiting.popleft()
             out.admitted.append(seq)
             if tokens is not None:
-                self._attach_prefix(seq, tokens)
+                self._attach_prefix(seq, tokens, hits)
             else:
                 self.manager.create_sequence(seq.seq_id)
             seq.status = SequenceStatus.RUNNING
@@ -600,13 +600,14 @@ class Scheduler:
             budget[1] += self._need(seq, n)
 
     # %% chapters/10_scheduler.md:1281
-    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], int]:
-        """A waiting sequence's tokens, and how many of them the prefix cache holds."""
+    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup a
+        step: admission counts with them and attaches them)."""
         tokens = seq.token_ids(0, seq.num_tokens)
-        return tokens, self.manager.cached_prefix_length(tokens)
+        return tokens, self.manager.match_prefix(tokens)
 
-    def _attach_prefix(self, seq: Sequence, tokens: list[int]) -> None:
+    def _attach_prefix(self, seq: Sequence, tokens: list[int], hits: list[int]) -> None:
         """Admit ``seq`` through the prefix cache: hits attached, not computed."""
-        seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens)
+        seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens, hits)
         if seq.num_preemptions == 0:
             seq.num_cached_prompt_tokens = seq.num_computed_tokens

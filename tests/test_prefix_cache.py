@@ -203,7 +203,8 @@ def test_abort_restores_tables_but_keeps_evicted_blocks_evicted():
 
 
 # The engine-facing API of chapter 6's table ("these calls and no others").
-ENGINE_API = {"num_blocks_for_prompt", "cached_prefix_length", "allocate_prompt", "num_blocks_to_allocate",
+ENGINE_API = {"match_prefix", "num_blocks_for_prompt", "cached_prefix_length", "allocate_prompt",
+              "num_blocks_to_allocate",
               "can_reserve", "reserve_step", "get_block_table_tensor", "get_seq_lens_tensor",
               "commit_step", "abort_step", "append_token_ids", "fork", "release_sequence",
               "release_swapped", "swap_out", "swap_in", "block_size", "num_physical_blocks",
@@ -230,3 +231,18 @@ def test_scheduler_and_engine_use_only_the_documented_manager_api():
     assert used <= ENGINE_API, f"calls missing from chapter 6's engine-facing API table: {used - ENGINE_API}"
     m = PrefixCachingBlockManager(4, 2, 2)
     assert all(hasattr(m, name) for name in ENGINE_API)
+
+
+def test_admission_looks_a_waiting_prompt_up_once_per_step(monkeypatch):
+    """The scheduler hands match_prefix's hits to num_blocks_for_prompt and allocate_prompt
+    instead of matching the prompt again (vLLM v1: get_computed_blocks -> allocate_slots)."""
+    from minipaged.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
+
+    m = PrefixCachingBlockManager(num_physical_blocks=16, block_size=4)
+    scheduler = Scheduler(m, SchedulerConfig(max_model_len=64))
+    calls = []
+    real = m._match
+    monkeypatch.setattr(m, "_match", lambda *a: calls.append(a) or real(*a))
+    scheduler.add(Sequence(0, 0, list(range(10)), SamplingParams(max_tokens=2, ignore_eos=True)))
+    out = scheduler.schedule()
+    assert len(calls) == 1 and out.admitted
