@@ -146,7 +146,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1035
+    # %% chapters/11_engine.md:1051
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -440,7 +440,6 @@ class LLM:
     # %% chapters/11_engine.md:765
     def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
         """One forward over ``chunks``, a subset of the step (token, chunk indices)."""
-        device = self.model.device
         pick = ((lambda t: t) if token_index is None
                 else (lambda t: t.index_select(0, token_index)))
         ids = torch.tensor([t for c in chunks
@@ -463,18 +462,28 @@ class LLM:
                 if len(logits_indices) == len(chunks):
                     return logits
                 return logits[logits_indices]
-        batch = ForwardBatch(
-            input_ids=ids.to(device, non_blocking=True),
-            positions=pick(res.positions).to(device, non_blocking=True),
-            slot_mapping=pick(res.slot_mapping).to(device, non_blocking=True),
-            query_lens=query_lens, context_lens=tuple(c.start for c in chunks),
-            block_tables=tables.to(device, non_blocking=True),
-            seq_lens=seq_lens.to(device, non_blocking=True),
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(
-                device, non_blocking=True))
+        batch = self._device_batch(
+            ids, pick(res.positions), pick(res.slot_mapping), query_lens,
+            tuple(c.start for c in chunks), tables, seq_lens,
+            torch.tensor(logits_indices, dtype=torch.long))
         return self.model(batch, self.cache)
 
-    # %% chapters/11_engine.md:810
+    # %% chapters/11_engine.md:803
+    def _device_batch(self, input_ids, positions, slot_mapping, query_lens, context_lens,
+                      block_tables, seq_lens, logits_indices=None) -> ForwardBatch:
+        """The ``ForwardBatch`` of host tensors, on the model's device."""
+        device = self.model.device
+
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return ForwardBatch(
+            input_ids=move(input_ids), positions=move(positions),
+            slot_mapping=move(slot_mapping), query_lens=tuple(query_lens),
+            context_lens=tuple(context_lens), block_tables=move(block_tables),
+            seq_lens=move(seq_lens), logits_indices=move(logits_indices))
+
+    # %% chapters/11_engine.md:826
     def _sample(self, logits, samplers) -> list[int]:
         if not samplers:
             return []
@@ -503,7 +512,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:851
+    # %% chapters/11_engine.md:867
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -561,12 +570,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1054
+    # %% chapters/11_engine.md:1070
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1119
+    # %% chapters/11_engine.md:1135
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -575,7 +584,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1158
+    # %% chapters/11_engine.md:1174
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -605,7 +614,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1319
+    # %% chapters/11_engine.md:1335
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -662,20 +671,16 @@ class LLM:
                 if sid in manager:
                     manager.release_sequence(sid)
 
-    # %% chapters/11_engine.md:1384
+    # %% chapters/11_engine.md:1400
     def _beam_forward(self, res, new: dict) -> torch.Tensor:
         """Log-probabilities [beams, vocab] of the next token of every beam."""
-        device = self.model.device
         if res.copies:
             self.cache.copy_blocks(res.copies)
-        batch = ForwardBatch(
-            input_ids=torch.tensor([t for sid in res.seq_ids for t in new[sid]]).to(device),
-            positions=res.positions.to(device), slot_mapping=res.slot_mapping.to(device),
-            query_lens=res.num_new_tokens,
-            context_lens=tuple(int(n) - q
-                               for n, q in zip(res.seq_lens, res.num_new_tokens)),
-            block_tables=self.manager.get_block_table_tensor(res.seq_ids).to(device),
-            seq_lens=res.seq_lens.to(device))
+        batch = self._device_batch(
+            torch.tensor([t for sid in res.seq_ids for t in new[sid]]), res.positions,
+            res.slot_mapping, res.num_new_tokens,
+            [int(n) - q for n, q in zip(res.seq_lens, res.num_new_tokens)],
+            self.manager.get_block_table_tensor(res.seq_ids), res.seq_lens)
         return self.model(batch, self.cache).float().log_softmax(-1)
 
 
@@ -698,7 +703,7 @@ class LLM:
             manager.append_token_ids(sid, tokens[-1:])
         return result
 
-    # %% chapters/11_engine.md:1552
+    # %% chapters/11_engine.md:1564
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -708,7 +713,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1304
+# %% chapters/11_engine.md:1320
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -721,7 +726,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1468
+# %% chapters/11_engine.md:1480
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -761,7 +766,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1514
+    # %% chapters/11_engine.md:1526
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],
