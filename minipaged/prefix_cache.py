@@ -269,8 +269,8 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int],
                               hits: list[int] | None = None) -> int:
         """Free blocks admitting this prompt takes: its uncached blocks plus the cached ones
-        that sit in the free queue (reviving them takes them out of it). ``hits``: the result
-        of ``match_prefix`` for this prompt, if the caller has it."""
+        that sit in the free queue (reviving them takes them out of it). ``hits``: the
+        result of ``match_prefix`` for this prompt, if the caller has it."""
         hits = self.match_prefix(prompt_token_ids) if hits is None else hits
         revived = sum(1 for block in hits if self._refcount[block] == 0)
         return revived + (ceil_div(len(prompt_token_ids), self.block_size) - len(hits))
@@ -278,8 +278,9 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
     def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int],
                         hits: list[int] | None = None) -> int:
-        """Create ``seq_id`` for this prompt and attach its longest cached prefix (``hits``, as
-        ``match_prefix`` returns it with no change to the manager since; looked up if None).
+        """Create ``seq_id`` for this prompt and attach its longest cached prefix (``hits``,
+        as ``match_prefix`` returns it with no change to the manager since; looked up if
+        None).
 
         Returns the number of prompt tokens already in the cache (a multiple of
         ``block_size``, below ``len(prompt)``): the sequence's length. Reserve the remaining
@@ -303,7 +304,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.stats.hits += state.length
         return state.length
 
-    # %% chapters/06_prefix_caching.md:592
+    # %% chapters/06_prefix_caching.md:593
     def _evict(self, block: int, seq_id: Hashable) -> None:
         candidates = self._cache[self._block_hash[block]]
         candidates.remove(block)
@@ -329,7 +330,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         if self._refcount[block] == 0 and self._block_hash[block] is None:
             self._free.push_front(block)  # nothing to keep: hand it out before cached ones
 
-    # %% chapters/06_prefix_caching.md:657
+    # %% chapters/06_prefix_caching.md:658
     def first_inconsistency(self) -> str | None:
         problem = super(PrefixCachingBlockManager, self).first_inconsistency()
         if problem:

@@ -120,11 +120,11 @@ def add_to_class(cls: type):
 
 # %% chapters/00_runtime.md:257
 def glue(name: str, value: T, display: bool = False) -> T:
-    """Hand ``value`` to the prose, where ``{glue:text}`` shows it by name (myst-nb); return it.
+    """Hand ``value`` to the prose, where ``{glue:text}`` shows it by name; return it.
 
     Without myst-nb (Colab, a plain Jupyter) the value is shown if ``display`` is true.
-    A NumPy or torch scalar is glued as the plain Python number it holds, so a format spec in
-    the prose (``:.1f`` after the name) works on it.
+    A NumPy or torch scalar is glued as the plain Python number it holds, so a format
+    spec in the prose (``:.1f`` after the name) works on it.
     """
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         plain = value.item()

@@ -601,8 +601,8 @@ class Scheduler:
 
     # %% chapters/10_scheduler.md:1281
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup a
-        step: admission counts with them and attaches them)."""
+        """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
+        a step: admission counts with them and attaches them)."""
         tokens = seq.token_ids(0, seq.num_tokens)
         return tokens, self.manager.match_prefix(tokens)
 

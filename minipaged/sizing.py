@@ -13,7 +13,8 @@ import torch
 __all__ = [
     "DTYPE_BYTES", "KVShape", "kv_bytes_per_token", "kv_shape_from_config",
     "kv_bytes_per_token_from_config", "block_bytes", "blocks_in_budget",
-    "block_table_entries", "ceil_div", "parameter_count", "reference_configs", "format_bytes",
+    "block_table_entries", "ceil_div", "parameter_count", "reference_configs",
+    "format_bytes",
 ]
 
 DTYPE_BYTES = {
@@ -47,7 +48,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.4g} {unit}"
 
 
-# %% chapters/01_kv_sizing.md:189
+# %% chapters/01_kv_sizing.md:190
 @dataclass(frozen=True)
 class KVShape:
     """What the KV cache of a model depends on."""
@@ -104,7 +105,7 @@ def kv_bytes_per_token_from_config(config, dtype_bytes: int | None = None) -> in
     return kv_shape_from_config(config, dtype_bytes).bytes_per_token
 
 
-# %% chapters/01_kv_sizing.md:272
+# %% chapters/01_kv_sizing.md:273
 def reference_configs() -> dict:
     """Configs (no download) of the models this course sizes.
 
@@ -130,7 +131,7 @@ def reference_configs() -> dict:
     }
 
 
-# %% chapters/01_kv_sizing.md:347
+# %% chapters/01_kv_sizing.md:348
 def parameter_count(config) -> int:
     """Exact parameter count of the model a config describes, allocating nothing."""
     from transformers import AutoModelForCausalLM
@@ -140,7 +141,7 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# %% chapters/01_kv_sizing.md:492
+# %% chapters/01_kv_sizing.md:493
 def block_bytes(bytes_per_token: int, block_size: int) -> int:
     """Bytes of one cache block (``block_size`` tokens) across all layers."""
     return (_positive_int("bytes_per_token", bytes_per_token)
@@ -155,9 +156,10 @@ def blocks_in_budget(budget_bytes: int, bytes_per_block: int) -> int:
 
 
 def ceil_div(numerator, denominator):
-    """``ceil(numerator / denominator)`` in exact integer arithmetic (ints or integer arrays).
+    """``ceil(numerator / denominator)`` in exact integers (ints or integer arrays).
 
-    The one rounding-up of the course: blocks for a number of tokens, splits for a length.
+    The one rounding-up of the course: blocks for a number of tokens, splits for a
+    length.
     """
     return -(-numerator // denominator)
 
