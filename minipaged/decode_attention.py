@@ -206,6 +206,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
+# %% chapters/08_paged_attention.md:596
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
                          num_splits, SPLITS_PAD: tl.constexpr,
@@ -229,7 +230,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:624
+# %% chapters/08_paged_attention.md:630
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -259,7 +260,7 @@ def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, 
     return tokens_per_split, max(1, ceil_div(max_tokens, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:672
+# %% chapters/08_paged_attention.md:678
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -292,7 +293,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:709
+# %% chapters/08_paged_attention.md:715
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -331,7 +332,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:750
+# %% chapters/08_paged_attention.md:756
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
@@ -368,16 +369,13 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     dim_pad = triton.next_power_of_2(head_dim)
     part_out = part_ml = out                # unused without a split
     if num_splits > 1:
-        part_out = torch.empty(batch, num_heads, num_splits, dim_pad,
-                               dtype=torch.float32,
-                               device=device)
-        part_ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32,
-                              device=device)
+        parts = (batch, num_heads, num_splits)
+        part_out = torch.empty(*parts, dim_pad, dtype=torch.float32, device=device)
+        part_ml = torch.empty(*parts, 2, dtype=torch.float32, device=device)
     stride_block, stride_token, stride_head = cache.strides()
     _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
         query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
-        out,
-        part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits,
+        out, part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits,
         num_heads // cache.num_kv_heads, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_token, stride_head,

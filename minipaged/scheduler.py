@@ -490,6 +490,7 @@ class Scheduler:
             events.append((child, token))
         return self._append_tokens(events, eos_token_id, now)
 
+    # %% chapters/10_scheduler.md:903
     def _append_tokens(self, events: list[tuple[Sequence, int]],
                        eos_token_id: int | None, now: float) -> list[Sequence]:
         append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
@@ -517,7 +518,7 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/10_scheduler.md:927
+    # %% chapters/10_scheduler.md:935
     def abort_step(self, out: SchedulerOutput) -> None:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
@@ -532,7 +533,7 @@ class Scheduler:
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:949
+    # %% chapters/10_scheduler.md:957
     def _stop_reason(self, seq: Sequence, token: int,
                      eos_token_id: int | None) -> SequenceStatus | None:
         params = seq.params
@@ -574,7 +575,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1128
+    # %% chapters/10_scheduler.md:1136
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -599,7 +600,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1281
+    # %% chapters/10_scheduler.md:1289
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
         a step: admission counts with them and attaches them)."""

@@ -371,7 +371,7 @@ class SharingBlockManager(KVBlockManager):
                         + f"the log says {tables.get(seq_id)}")
         return None
 
-    # %% chapters/05_sharing.md:1256
+    # %% chapters/05_sharing.md:1259
     def _new_blocks_for_step(self, states: list[SequenceState],
                              counts: list[int]) -> list[int]:
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
