@@ -32,7 +32,7 @@ class BestFitAllocator(FirstFitAllocator):
     """Exercise 2.4: chapter 2's heap, except that `allocate` takes the smallest free hole that
     is large enough (the lowest address among holes of that size). `free`, `holes` and
     `largest_hole` are inherited: keep `_starts`, `_sizes`, `_regions` and `free_tokens` the
-    way they expect."""
+    way they expect (`self._take(i, size)` carves a region from hole `i` and keeps them)."""
 
     def allocate(self, size: int) -> int | None:
         raise NotImplementedError("Exercise 2.4: hand out the region from the best-fitting hole "

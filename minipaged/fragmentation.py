@@ -187,16 +187,20 @@ class FirstFitAllocator:
             raise ValueError(f"size must be positive, got {size}")
         for i, hole in enumerate(self._sizes):
             if hole >= size:
-                start = self._starts[i]
-                if hole == size:
-                    del self._starts[i], self._sizes[i]
-                else:
-                    self._starts[i] += size
-                    self._sizes[i] -= size
-                self._regions[start] = size
-                self.free_tokens -= size
-                return start
+                return self._take(i, size)
         return None
+
+    def _take(self, i: int, size: int) -> int:
+        """Carve ``size`` tokens from the front of hole ``i``; the region's start."""
+        start = self._starts[i]
+        if self._sizes[i] == size:
+            del self._starts[i], self._sizes[i]
+        else:
+            self._starts[i] += size
+            self._sizes[i] -= size
+        self._regions[start] = size
+        self.free_tokens -= size
+        return start
 
     def holes(self) -> list[tuple[int, int]]:
         """Free holes as (start, size), by address."""
@@ -206,7 +210,7 @@ class FirstFitAllocator:
         """Size of the largest free hole: the largest region it can allocate now."""
         return max(self._sizes, default=0)
 
-    # %% chapters/02_fragmentation.md:568
+    # %% chapters/02_fragmentation.md:572
     def free(self, start: int) -> None:
         """Return the region that starts at ``start``; merge it with free neighbours."""
         if start not in self._regions:
@@ -224,7 +228,7 @@ class FirstFitAllocator:
             del self._starts[i]
 
 
-# %% chapters/02_fragmentation.md:692
+# %% chapters/02_fragmentation.md:696
 _STATES = ("token_states", "reservation", "internal",
            "external", "headroom", "blocked", "free")
 _SERIES = _STATES + ("running", "waiting")
@@ -283,7 +287,7 @@ class SimulationResult:
         }
 
 
-# %% chapters/02_fragmentation.md:758
+# %% chapters/02_fragmentation.md:762
 class _ContiguousMemory:
     """One first-fit region per request, reserved on admission for all its future
     tokens."""
@@ -320,7 +324,7 @@ class _ContiguousMemory:
         return 0, 0, idle
 
 
-# %% chapters/02_fragmentation.md:800
+# %% chapters/02_fragmentation.md:804
 class _PagedMemory:
     """Blocks of ``block_size`` slots, counted free or owned; any free block serves
     any request."""
@@ -365,7 +369,7 @@ class _PagedMemory:
         return 0, kept * self.block_size, idle - kept * self.block_size
 
 
-# %% chapters/02_fragmentation.md:850
+# %% chapters/02_fragmentation.md:854
 class _Simulation:
     """The state of one ``simulate`` run: queue, running requests, lengths, records."""
 
@@ -404,7 +408,7 @@ class _Simulation:
             self._finish()
             self.step += 1
 
-    # %% chapters/02_fragmentation.md:895
+    # %% chapters/02_fragmentation.md:899
     def _arrive(self) -> None:
         """Queue the requests that have arrived; skip idle time to the next arrival."""
         idle = not self.running and not self.waiting
@@ -414,7 +418,7 @@ class _Simulation:
             self.waiting.append(self.next_arrival)
             self.next_arrival += 1
 
-    # %% chapters/02_fragmentation.md:913
+    # %% chapters/02_fragmentation.md:917
     def _decode(self) -> None:
         """Store one token per running request; grow paged ones, preempting if needed."""
         if not self.running:
@@ -439,7 +443,7 @@ class _Simulation:
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
-    # %% chapters/02_fragmentation.md:947
+    # %% chapters/02_fragmentation.md:951
     def _admit(self) -> int | None:
         """Admit from the head of the queue; the head memory refused, or None."""
         while self.waiting:
@@ -454,7 +458,7 @@ class _Simulation:
             self.running.append(self.waiting.popleft())
         return None
 
-    # %% chapters/02_fragmentation.md:969
+    # %% chapters/02_fragmentation.md:973
     def _record(self, head: int | None) -> None:
         """Append this step's slot states, running and waiting counts to the records."""
         ids = np.asarray(self.running, dtype=np.int64)
@@ -488,7 +492,7 @@ class _Simulation:
             self.running = [rid for rid in self.running if rid not in done_set]
 
 
-# %% chapters/02_fragmentation.md:1009
+# %% chapters/02_fragmentation.md:1013
 def simulate(requests: list[TraceRequest], policy: str = "paged",
              budget_tokens: int = 16384, *, block_size: int = 16, max_len: int = 2048,
              max_running: int | None = None,
@@ -530,7 +534,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged",
                             **arrays)
 
 
-# %% chapters/02_fragmentation.md:1326
+# %% chapters/02_fragmentation.md:1330
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as requests (missing column, bad value)."""
 
@@ -569,7 +573,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     return None
 
 
-# %% chapters/02_fragmentation.md:1370
+# %% chapters/02_fragmentation.md:1374
 def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
                    output_column: str | None = None, arrival_column: str | None = None,
                    rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -609,7 +613,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
-# %% chapters/02_fragmentation.md:1439
+# %% chapters/02_fragmentation.md:1443
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(

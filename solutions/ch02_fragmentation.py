@@ -24,12 +24,4 @@ class BestFitAllocator(FirstFitAllocator):
         if not fits:
             return None
         i = min(fits, key=lambda k: (self._sizes[k], self._starts[k]))
-        start = self._starts[i]
-        if self._sizes[i] == size:
-            del self._starts[i], self._sizes[i]
-        else:
-            self._starts[i] += size
-            self._sizes[i] -= size
-        self._regions[start] = size
-        self.free_tokens -= size
-        return start
+        return self._take(i, size)
