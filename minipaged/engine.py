@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minipaged.block_table import blocks_needed
+from minipaged.kv_cache import PagedKVCache
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
 from minipaged.runtime import default_device
@@ -46,7 +47,7 @@ class InvalidRequestError(ValueError):
     token, a sampling setting out of range); nothing of it was queued."""
 
 
-# %% chapters/11_engine.md:276
+# %% chapters/11_engine.md:277
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -99,7 +100,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md:370
+# %% chapters/11_engine.md:371
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -146,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1051
+    # %% chapters/11_engine.md:1080
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -160,7 +161,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:428
+# %% chapters/11_engine.md:429
 @dataclass
 class _Request:
     request_id: int
@@ -209,7 +210,7 @@ def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
                                      enable_prefix_caching=prefix_caching)
 
 
-# %% chapters/11_engine.md:483
+# %% chapters/11_engine.md:484
 class LLM:
     """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
 
@@ -231,13 +232,13 @@ class LLM:
                  enable_chunked_prefill: bool = False,
                  enable_cuda_graphs: bool | None = None,
                  check_invariants: bool = False) -> None:
-        self.model, self.tokenizer = _load_model(model, tokenizer, device)
+        self.model, self.tokenizer = self._load(model, tokenizer, device)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         if num_blocks is None:
             num_blocks = self._auto_num_blocks(block_size, gpu_memory_utilization,
                                                max_num_batched_tokens)
-        self.cache = self.model.new_cache(num_blocks, block_size)
+        self.cache = self._new_cache(num_blocks, block_size)
         if preemption_mode == "swap" and num_cpu_blocks is None:
             num_cpu_blocks = num_blocks
         self.cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None
@@ -260,14 +261,12 @@ class LLM:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:543
+    # %% chapters/11_engine.md:544
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
             return self.CPU_DEFAULT_BLOCKS
-        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
-                                       c.head_dim, self.model.dtype.itemsize)
-        per_block = block_bytes(per_token, block_size)
+        per_block = self._block_bytes(block_size)
         free, total = torch.cuda.mem_get_info(device)
         # memory PyTorch caches but no tensor uses (a previous engine's cache) is free too
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -307,7 +306,27 @@ class LLM:
         """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:597
+    # %% chapters/11_engine.md:600
+    def _load(self, model, tokenizer, device):
+        """The paged model and the tokenizer this engine serves (a subclass may swap in
+        a faster model)."""
+        return _load_model(model, tokenizer, device)
+
+
+    def _new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty paged cache of ``num_blocks`` blocks for the served model (a subclass
+        may store its blocks differently)."""
+        return self.model.new_cache(num_blocks, block_size)
+
+
+    def _block_bytes(self, block_size: int) -> int:
+        """Bytes one block of ``_new_cache`` takes, all layers, keys and values."""
+        c = self.model.config
+        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
+                                       c.head_dim, self.model.dtype.itemsize)
+        return block_bytes(per_token, block_size)
+
+    # %% chapters/11_engine.md:626
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -350,7 +369,7 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # %% chapters/11_engine.md:655
+    # %% chapters/11_engine.md:684
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once (twice when prefills and decodes mix), sample,
         commit.
@@ -400,7 +419,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:720
+    # %% chapters/11_engine.md:749
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -437,7 +456,7 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:765
+    # %% chapters/11_engine.md:794
     def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
         """One forward over ``chunks``, a subset of the step (token, chunk indices)."""
         pick = ((lambda t: t) if token_index is None
@@ -468,7 +487,7 @@ class LLM:
             torch.tensor(logits_indices, dtype=torch.long))
         return self.model(batch, self.cache)
 
-    # %% chapters/11_engine.md:803
+    # %% chapters/11_engine.md:832
     def _device_batch(self, input_ids, positions, slot_mapping, query_lens, context_lens,
                       block_tables, seq_lens, logits_indices=None) -> ForwardBatch:
         """The ``ForwardBatch`` of host tensors, on the model's device."""
@@ -483,7 +502,7 @@ class LLM:
             context_lens=tuple(context_lens), block_tables=move(block_tables),
             seq_lens=move(seq_lens), logits_indices=move(logits_indices))
 
-    # %% chapters/11_engine.md:826
+    # %% chapters/11_engine.md:855
     def _sample(self, logits, samplers) -> list[int]:
         if not samplers:
             return []
@@ -512,7 +531,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:867
+    # %% chapters/11_engine.md:896
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -570,12 +589,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1070
+    # %% chapters/11_engine.md:1099
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1135
+    # %% chapters/11_engine.md:1164
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -584,7 +603,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1174
+    # %% chapters/11_engine.md:1203
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -614,7 +633,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1335
+    # %% chapters/11_engine.md:1364
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -671,7 +690,7 @@ class LLM:
                 if sid in manager:
                     manager.release_sequence(sid)
 
-    # %% chapters/11_engine.md:1400
+    # %% chapters/11_engine.md:1429
     def _beam_forward(self, res, new: dict) -> torch.Tensor:
         """Log-probabilities [beams, vocab] of the next token of every beam."""
         if res.copies:
@@ -703,7 +722,7 @@ class LLM:
             manager.append_token_ids(sid, tokens[-1:])
         return result
 
-    # %% chapters/11_engine.md:1564
+    # %% chapters/11_engine.md:1593
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -713,7 +732,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1320
+# %% chapters/11_engine.md:1349
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -726,7 +745,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1480
+# %% chapters/11_engine.md:1509
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -766,7 +785,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1526
+    # %% chapters/11_engine.md:1555
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

@@ -38,6 +38,7 @@ __all__ = [
     "apply_rope",
     "ForwardBatch",
     "prefill_attention",
+    "paged_decode",
     "Qwen3PagedAttention",
     "Qwen3PagedMLP",
     "Qwen3PagedLayer",
@@ -59,7 +60,7 @@ class HubUnavailableError(RuntimeError):
     """A pretrained model or tokenizer could not be loaded from the Hugging Face hub."""
 
 
-# %% chapters/09_qwen3.md:194
+# %% chapters/09_qwen3.md:195
 def tiny_qwen3_config(**overrides):
     """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, GQA 4:2.
 
@@ -96,7 +97,7 @@ def qwen3_0_6b_config(**overrides):
     return tiny_qwen3_config(**settings)
 
 
-# %% chapters/09_qwen3.md:245
+# %% chapters/09_qwen3.md:246
 def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None,
                  attn_implementation: str = "eager"):
@@ -143,7 +144,7 @@ def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
     return model.to(device or "cpu").eval(), tokenizer
 
 
-# %% chapters/09_qwen3.md:342
+# %% chapters/09_qwen3.md:343
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis: fp32 statistics, then the gain."""
 
@@ -159,7 +160,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-# %% chapters/09_qwen3.md:394
+# %% chapters/09_qwen3.md:395
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """Inverse frequencies of RoPE, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
@@ -181,7 +182,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# %% chapters/09_qwen3.md:456
+# %% chapters/09_qwen3.md:457
 def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -234,7 +235,7 @@ class ForwardBatch:
             last = torch.tensor(self.query_lens).cumsum(0) - 1
             self.logits_indices = last.to(self.input_ids.device, non_blocking=True)
 
-    # %% chapters/09_qwen3.md:516
+    # %% chapters/09_qwen3.md:517
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
@@ -279,7 +280,7 @@ class ForwardBatch:
         )
 
 
-# %% chapters/09_qwen3.md:755
+# %% chapters/09_qwen3.md:756
 _PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                           SDPBackend.MATH]
 """SDPA kernels prefill may use: not cuDNN, which plans anew for every new length."""
@@ -316,7 +317,7 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out
 
 
-# %% chapters/09_qwen3.md:841
+# %% chapters/09_qwen3.md:842
 class Qwen3PagedAttention(nn.Module):
     """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
 
@@ -335,7 +336,7 @@ class Qwen3PagedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    # %% chapters/09_qwen3.md:866
+    # %% chapters/09_qwen3.md:885
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
@@ -345,14 +346,26 @@ class Qwen3PagedAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
-            o = paged_attention(q, cache, self.layer_idx, batch.block_tables,
-                                batch.seq_lens, scale=self.scale)
+            o = paged_decode(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
+                             self.scale)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-# %% chapters/09_qwen3.md:933
+# %% chapters/09_qwen3.md:868
+def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
+                 ) -> torch.Tensor:
+    """Decode attention of one new token per sequence over its cached keys and values:
+    the cache's own ``paged_attention`` method when it has one, else chapter 8's kernel."""
+    read = getattr(cache, "paged_attention", None)
+    if read is not None:
+        return read(query, layer, block_tables, seq_lens, scale=scale)
+    return paged_attention(query, cache, layer, block_tables, seq_lens, scale=scale)
+
+
+# %% chapters/09_qwen3.md:952
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
@@ -383,7 +396,7 @@ class Qwen3PagedLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/09_qwen3.md:991
+# %% chapters/09_qwen3.md:1010
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
@@ -425,7 +438,7 @@ class Qwen3PagedModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    # %% chapters/09_qwen3.md:1041
+    # %% chapters/09_qwen3.md:1060
     @classmethod
     def from_state_dict(cls, config,
                         state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
@@ -455,7 +468,7 @@ class Qwen3PagedModel(nn.Module):
             model.inv_freq = rotary.inv_freq.detach().float().clone()
         return model
 
-    # %% chapters/09_qwen3.md:1079
+    # %% chapters/09_qwen3.md:1098
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """An empty paged cache shaped for this model, in its dtype and on its device."""
         c = self.config
@@ -472,7 +485,7 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-# %% chapters/09_qwen3.md:1134
+# %% chapters/09_qwen3.md:1153
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager."""
 LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1.2e-1}
@@ -519,7 +532,7 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
-# %% chapters/09_qwen3.md:1258
+# %% chapters/09_qwen3.md:1277
 @dataclass
 class GreedyTrace:
     """What ``greedy_generate`` produced: tokens, their logits, the block history."""
@@ -541,7 +554,7 @@ def _grow_table(table: list[int], free: list[int], tokens: int, block_size: int,
     table.extend(free.pop() for _ in range(grow))
 
 
-# %% chapters/09_qwen3.md:1285
+# %% chapters/09_qwen3.md:1304
 def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
                     prompts: list[list[int]], max_new_tokens: int, *,
                     arrivals: list[int] | None = None, seed: int = 0,
@@ -588,7 +601,7 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
     return trace
 
 
-# %% chapters/09_qwen3.md:1337
+# %% chapters/09_qwen3.md:1356
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.

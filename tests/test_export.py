@@ -99,6 +99,19 @@ def test_one_module_per_chapter_and_one_owner_per_public_name(book):
         export.expected_files()
 
 
+def test_a_later_chapter_supersedes_a_public_name_only_when_it_says_so(book):
+    add_chapter(book, "01_first", "first", "answer")
+    add_chapter(book, "02_second", "second", "answer")
+    chapter = book / "chapters" / "02_second.md"
+    chapter.write_text(chapter.read_text().replace(
+        "  module: second", "  module: second\n  supersedes: [answer]"))
+    init = export.expected_files()[book / "minipaged" / "__init__.py"]
+    assert '"answer": "second"' in init and '"answer": "first"' not in init
+    chapter.write_text(chapter.read_text().replace("[answer]", "[other]"))
+    with pytest.raises(SystemExit, match="supersedes 'other'"):
+        export.expected_files()
+
+
 @pytest.mark.parametrize("extra", ["__all__ += ['more']", "__all__ = ['a'] + ['b']",
                                    "__all__ = ['again']"])
 def test_all_must_be_one_literal_list(book, extra):
