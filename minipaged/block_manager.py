@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from minipaged.block_table import pad_block_tables
 from minipaged.sizing import ceil_div
 
 __all__ = [
@@ -54,7 +55,7 @@ class NoFreeBlocksError(BlockManagerError, MemoryError):
             "tokens.")
 
 
-# %% chapters/04_block_manager.md:176
+# %% chapters/04_block_manager.md:177
 class TeachingBlockManager:
     """The smallest working block manager: a free list, a table and a length per
     request.
@@ -86,7 +87,7 @@ class TeachingBlockManager:
         del self.lengths[request]
 
 
-# %% chapters/04_block_manager.md:273
+# %% chapters/04_block_manager.md:274
 class UnknownSequenceError(BlockManagerError, KeyError):
     """An operation named a sequence the manager does not hold."""
 
@@ -127,7 +128,7 @@ class StepPendingError(BlockManagerError, RuntimeError):
             "commit_step() or abort_step() first")
 
 
-# %% chapters/04_block_manager.md:323
+# %% chapters/04_block_manager.md:324
 @dataclass
 class SequenceState:
     """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved."""
@@ -166,7 +167,7 @@ class FreeBlockList:
         self._queue.appendleft(block)
 
 
-# %% chapters/04_block_manager.md:368
+# %% chapters/04_block_manager.md:369
 class KVBlockManager:
     """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every table.
 
@@ -210,7 +211,7 @@ class KVBlockManager:
         """Undo ``_take_blocks`` for one block (blocks come back in reverse order)."""
         self._free.unpop(block)
 
-    # %% chapters/04_block_manager.md:438
+    # %% chapters/04_block_manager.md:439
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -238,7 +239,7 @@ class KVBlockManager:
         """Tokens of the sequence whose KV is in the cache (committed steps only)."""
         return self._state(seq_id).length
 
-    # %% chapters/04_block_manager.md:475
+    # %% chapters/04_block_manager.md:476
     def _check_no_step(self, what: str) -> None:
         if self._pending is not None:
             raise StepPendingError(what)
@@ -262,7 +263,7 @@ class KVBlockManager:
         if len(self._released) > self._RELEASED_MEMORY:
             self._released.popitem(last=False)
 
-    # %% chapters/04_block_manager.md:510
+    # %% chapters/04_block_manager.md:511
     def first_inconsistency(self) -> str | None:
         """None if every invariant holds, else a sentence naming the first bad block."""
         free = list(self._free)
@@ -298,7 +299,7 @@ class KVBlockManager:
         storage is right."""
         return self.first_inconsistency() is None and self._storage_inconsistency() is None
 
-    # %% chapters/04_block_manager.md:602
+    # %% chapters/04_block_manager.md:603
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
         """Free blocks that writing ``count`` more tokens into ``state`` takes."""
         tokens = state.length + state.reserved + count
@@ -319,7 +320,7 @@ class KVBlockManager:
         return sum(len(st.block_table) * self.block_size - st.length - st.reserved
                    for st in self._seqs.values())
 
-    # %% chapters/04_block_manager.md:758
+    # %% chapters/04_block_manager.md:761
     def reserve_step(self, num_new_tokens: Mapping[Hashable, int] | Iterable[Hashable]
                      ) -> StepReservation:
         """Take every block a step needs, or raise ``NoFreeBlocksError`` and change nothing.
@@ -366,7 +367,7 @@ class KVBlockManager:
         new_blocks_for = self._new_blocks_for
         return [new_blocks_for(st, n) for st, n in zip(states, counts)]
 
-    # %% chapters/04_block_manager.md:814
+    # %% chapters/04_block_manager.md:817
     def _grow(self, state: SequenceState, k: int, undo: list[tuple],
               copies: list) -> list[int]:
         """Append ``k`` fresh blocks to the table; log ``("grow", state, blocks)``."""
@@ -390,7 +391,7 @@ class KVBlockManager:
         for state in states:
             state.reserved = 0
 
-    # %% chapters/04_block_manager.md:872
+    # %% chapters/04_block_manager.md:877
     def _check_pending(self, reservation: StepReservation) -> None:
         if self._pending is None or reservation.step_id != self._pending.step_id:
             pending = "none" if self._pending is None else self._pending.step_id
@@ -431,7 +432,7 @@ class KVBlockManager:
         self.commit_step(reservation)
         return reservation.slot_mapping.tolist()
 
-    # %% chapters/04_block_manager.md:1000
+    # %% chapters/04_block_manager.md:1005
     def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
                             device: torch.device | str | None = None) -> torch.Tensor:
         """int32 [len(seq_ids)]: tokens attention reads, with the pending step's."""
@@ -439,7 +440,7 @@ class KVBlockManager:
         lens = torch.tensor([st.length + st.reserved for st in states], dtype=torch.int32)
         return lens.to(device) if device is not None else lens
 
-    # %% chapters/04_block_manager.md:1546
+    # %% chapters/04_block_manager.md:1551
     def _make_live_sequences(self) -> LiveSequences:
         """The live sequences, their block tables mirrored in one persistent array."""
         return LiveSequences(BlockTableArray())
@@ -462,7 +463,7 @@ class KVBlockManager:
         out = torch.from_numpy(self._seqs.mirror.gather(self._seqs.rows(states), pad_value))
         return out.to(device) if device is not None else out
 
-    # %% chapters/04_block_manager.md:1579
+    # %% chapters/04_block_manager.md:1584
     def _describe_step(self, states: list[SequenceState], counts: list[int],
                        new_blocks: dict[Hashable, list[int]],
                        seq_ids: tuple[Hashable, ...] | None = None) -> StepReservation:
@@ -487,18 +488,20 @@ class KVBlockManager:
             slot_mapping=torch.from_numpy(blocks * bs + positions % bs),
             positions=torch.from_numpy(positions),
             seq_lens=torch.from_numpy((starts + counts_np).astype(np.int32)),
+            block_tables=torch.from_numpy(mirror.gather(rows)),
             new_blocks=new_blocks, states=states)
 
 
-# %% chapters/04_block_manager.md:725
+# %% chapters/04_block_manager.md:726
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, held until commit or abort.
 
     ``slot_mapping`` and ``positions`` have one int64 entry per new token, sequence
     by sequence in ``seq_ids`` order; ``seq_lens`` (int32) is each sequence's length
-    after the step; ``copies`` are (src, dst) block copies the cache must run before
-    writing (chapter 5).
+    after the step and ``block_tables`` (int32, one row per sequence, padded with 0)
+    its table after the step: with them a model can run the step. ``copies`` are
+    (src, dst) block copies the cache must run before writing (chapter 5).
     """
 
     step_id: int
@@ -507,6 +510,7 @@ class StepReservation:
     slot_mapping: torch.Tensor
     positions: torch.Tensor
     seq_lens: torch.Tensor
+    block_tables: torch.Tensor
     new_blocks: dict[Hashable, list[int]]
     copies: list[tuple[int, int]] = field(default_factory=list)
     undo: list[tuple] = field(default_factory=list, repr=False)
@@ -517,7 +521,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
-# %% chapters/04_block_manager.md:1174
+# %% chapters/04_block_manager.md:1179
 def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
                          first_blocks: Sequence[int],
                          starts: Sequence[int], counts: Sequence[int],
@@ -543,7 +547,7 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
     return blocks * block_size + positions % block_size
 
 
-# %% chapters/04_block_manager.md:1227
+# %% chapters/04_block_manager.md:1232
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table.
 
@@ -588,7 +592,7 @@ class BlockTableArray:
         self._free_rows.append(row)
         table._mirror = table._row = None
 
-    # %% chapters/04_block_manager.md:1278
+    # %% chapters/04_block_manager.md:1283
     def sync(self, row: int, table: Sequence[int], start: int) -> None:
         """Row ``row`` := ``table``, rewriting entries from ``start`` on."""
         old, new = int(self.lengths[row]), len(table)
@@ -610,7 +614,7 @@ class BlockTableArray:
         return out
 
 
-# %% chapters/04_block_manager.md:1309
+# %% chapters/04_block_manager.md:1314
 class BlockTable(list):
     """A sequence's block table: a list of block ids that writes every change through to
     its row of a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
@@ -657,7 +661,7 @@ class BlockTable(list):
         self._sync(0)
         return self
 
-    # %% chapters/04_block_manager.md:1361
+    # %% chapters/04_block_manager.md:1366
     def pop(self, index: int = -1) -> int:
         block = super(BlockTable, self).pop(index)
         self._sync(0)
@@ -684,7 +688,7 @@ class BlockTable(list):
         self._sync(0)
 
 
-# %% chapters/04_block_manager.md:1399
+# %% chapters/04_block_manager.md:1404
 class LiveSequences(dict):
     """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets
     its block table attached to a row of ``mirror``, and every state that leaves gives
@@ -740,7 +744,7 @@ class LiveSequences(dict):
         for seq_id, state in dict(*args, **kwargs).items():
             self[seq_id] = state
 
-    # %% chapters/04_block_manager.md:1461
+    # %% chapters/04_block_manager.md:1466
     def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
         """The mirror rows of ``states`` (re-attaching a table replaced by a plain list)."""
         try:

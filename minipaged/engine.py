@@ -1,7 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:211
+# %% chapters/11_engine.md:203
 """The serving engine: vLLM's offline ``LLM`` API on chapters 4-10's pieces."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import itertools
 import math
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -20,8 +20,8 @@ from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
 from minipaged.runtime import default_device
 from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
-                                 SchedulerConfig, SchedulerOutput, Sequence,
-                                 SequenceStatus)
+                                 ScheduledChunk, SchedulerConfig, SchedulerOutput,
+                                 Sequence, SequenceStatus)
 from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
@@ -47,7 +47,7 @@ class InvalidRequestError(ValueError):
     token, a sampling setting out of range); nothing of it was queued."""
 
 
-# %% chapters/11_engine.md:277
+# %% chapters/11_engine.md:269
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -100,7 +100,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md:371
+# %% chapters/11_engine.md:363
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1080
+    # %% chapters/11_engine.md:1045
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -161,7 +161,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:429
+# %% chapters/11_engine.md:421
 @dataclass
 class _Request:
     request_id: int
@@ -210,7 +210,7 @@ def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
                                      enable_prefix_caching=prefix_caching)
 
 
-# %% chapters/11_engine.md:484
+# %% chapters/11_engine.md:476
 class LLM:
     """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
 
@@ -261,7 +261,7 @@ class LLM:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:544
+    # %% chapters/11_engine.md:536
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
@@ -306,7 +306,7 @@ class LLM:
         """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:600
+    # %% chapters/11_engine.md:592
     def _load(self, model, tokenizer, device):
         """The paged model and the tokenizer this engine serves (a subclass may swap in
         a faster model)."""
@@ -326,7 +326,7 @@ class LLM:
                                        c.head_dim, self.model.dtype.itemsize)
         return block_bytes(per_token, block_size)
 
-    # %% chapters/11_engine.md:626
+    # %% chapters/11_engine.md:618
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -369,7 +369,7 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # %% chapters/11_engine.md:684
+    # %% chapters/11_engine.md:676
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once (twice when prefills and decodes mix), sample,
         commit.
@@ -384,16 +384,10 @@ class LLM:
                 raise EngineError("the scheduler found nothing to run although requests "
                                   + "are waiting: the cache is too small for any of them")
             return []
-        try:
-            self._move_blocks(out)
-            logits, samplers = self._forward(out)
-            tokens = self._sample(logits, samplers)
-        except BaseException:
-            self.scheduler.abort_step(out)  # the step never happened: its blocks go back
-            raise
+        picks = self._execute(out, self._sample)
         t2 = time.perf_counter()
         sampled, forks = {}, []
-        for (seq, child), token in zip(samplers, tokens):
+        for (seq, child), token in picks:
             if child is None:
                 sampled[seq.seq_id] = token
             else:
@@ -401,7 +395,7 @@ class LLM:
         for parent, child, _ in forks:
             self._requests[parent.request_id].seqs.append(child)
         done = self.scheduler.commit(out, sampled, self.eos_token_id, forks)
-        self._account(out, done, len(tokens), t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        self._account(out, done, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
         if self.check_invariants:
             self.scheduler.check_invariants()
         finished = []
@@ -409,6 +403,21 @@ class LLM:
             if self._requests[request_id].finished:
                 finished.append(self._output(self._requests.pop(request_id)))
         return finished
+
+
+    def _execute(self, out: SchedulerOutput, read):
+        """Run a scheduled step (block moves, forward); return ``read(logits, samplers)``.
+
+        If anything fails the step never happened: the scheduler takes its blocks back and
+        the exception propagates.
+        """
+        try:
+            self._move_blocks(out)
+            logits, samplers = self._forward(out)
+            return read(logits, samplers)
+        except BaseException:
+            self.scheduler.abort_step(out)
+            raise
 
 
     def _move_blocks(self, out: SchedulerOutput) -> None:
@@ -419,7 +428,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:749
+    # %% chapters/11_engine.md:751
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -427,19 +436,15 @@ class LLM:
         (the child is None except for the siblings of an ``n > 1`` request).
         """
         res, chunks = out.reservation, out.chunks
-        starts = list(itertools.accumulate((c.num_tokens for c in chunks), initial=0))
         decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
         prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
         parts, pick, samplers = [], [], []
         for group in (decode, prefill):
             if not group:
                 continue
-            whole = len(group) == len(chunks)
-            token_index = None if whole else torch.cat(
-                [torch.arange(starts[i], starts[i + 1]) for i in group])
+            rows = None if len(group) == len(chunks) else group
             row = sum(len(p) for p in parts)  # this group's first row in the step's logits
-            parts.append(self._run_group([chunks[i] for i in group], res, token_index,
-                                         None if whole else torch.tensor(group)))
+            parts.append(self._run_group([chunks[i] for i in group], res, rows))
             for i in group:
                 if not chunks[i].samples:
                     continue
@@ -456,60 +461,33 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:794
-    def _run_group(self, chunks, res, token_index, seq_index) -> torch.Tensor:
-        """One forward over ``chunks``, a subset of the step (token, chunk indices)."""
-        pick = ((lambda t: t) if token_index is None
-                else (lambda t: t.index_select(0, token_index)))
+    # %% chapters/11_engine.md:793
+    def _run_group(self, chunks, res, rows) -> torch.Tensor:
+        """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
                             for t in c.seq.token_ids(c.start, c.start + c.num_tokens)],
                            dtype=torch.long)
-        query_lens = tuple(c.num_tokens for c in chunks)
-        ends = list(itertools.accumulate(query_lens))
-        logits_indices = [e - 1 for c, e in zip(chunks, ends) if c.samples]
-        seq_lens = (res.seq_lens if seq_index is None
-                    else res.seq_lens.index_select(0, seq_index))
-        tables = self.manager.get_block_table_tensor([c.seq.seq_id for c in chunks])
-        decode = max(query_lens) == 1
-        if decode:
-            self.stats.kv_tokens_read += int(seq_lens.sum())
+        ends = itertools.accumulate(c.num_tokens for c in chunks)
+        logits_indices = torch.tensor([e - 1 for c, e in zip(chunks, ends) if c.samples],
+                                      dtype=torch.long)
+        batch = ForwardBatch.from_reservation(res, ids, rows, logits_indices)
+        if batch.is_decode:
+            self.stats.kv_tokens_read += sum(c.start + 1 for c in chunks)
             graphs = self._decode_graphs() if self.enable_cuda_graphs else None
-            if graphs is not None and graphs.fits(len(chunks), tables.shape[1]):
+            if graphs is not None and graphs.fits(batch):
                 self.stats.graph_steps += 1
-                logits = graphs.run(ids, pick(res.positions), pick(res.slot_mapping),
-                                    tables, seq_lens)
-                if len(logits_indices) == len(chunks):
-                    return logits
-                return logits[logits_indices]
-        batch = self._device_batch(
-            ids, pick(res.positions), pick(res.slot_mapping), query_lens,
-            tuple(c.start for c in chunks), tables, seq_lens,
-            torch.tensor(logits_indices, dtype=torch.long))
-        return self.model(batch, self.cache)
+                return graphs.run(batch)
+        return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:832
-    def _device_batch(self, input_ids, positions, slot_mapping, query_lens, context_lens,
-                      block_tables, seq_lens, logits_indices=None) -> ForwardBatch:
-        """The ``ForwardBatch`` of host tensors, on the model's device."""
-        device = self.model.device
-
-        def move(t):
-            return None if t is None else t.to(device, non_blocking=True)
-
-        return ForwardBatch(
-            input_ids=move(input_ids), positions=move(positions),
-            slot_mapping=move(slot_mapping), query_lens=tuple(query_lens),
-            context_lens=tuple(context_lens), block_tables=move(block_tables),
-            seq_lens=move(seq_lens), logits_indices=move(logits_indices))
-
-    # %% chapters/11_engine.md:855
-    def _sample(self, logits, samplers) -> list[int]:
+    # %% chapters/11_engine.md:819
+    def _sample(self, logits, samplers) -> list:
+        """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
             return []
         seqs = [child or seq for seq, child in samplers]
         tokens = sample(logits, [s.params for s in seqs],
                         [self._generators[s.seq_id] for s in seqs])
-        return tokens.tolist()
+        return list(zip(samplers, tokens.tolist()))
 
 
     def _account(self, out: SchedulerOutput, done: list[Sequence], num_sampled: int,
@@ -531,7 +509,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:896
+    # %% chapters/11_engine.md:861
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -589,12 +567,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1099
+    # %% chapters/11_engine.md:1064
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1164
+    # %% chapters/11_engine.md:1129
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -603,7 +581,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1203
+    # %% chapters/11_engine.md:1168
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -633,7 +611,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1364
+    # %% chapters/11_engine.md:1329
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -659,70 +637,66 @@ class LLM:
                          max_tokens: int) -> BeamSearchOutput:
         manager = self.manager
         self.scheduler.check_prompt(len(prompt) + max_tokens - 1)
-        root = next(self._seq_ids)
-        start = manager.allocate_prompt(root, prompt)
-        beams = [(root, [], 0.0)]  # (sequence id, generated tokens, summed log-probability)
+        root = Sequence(next(self._seq_ids), -1, list(prompt),
+                        SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        start = manager.allocate_prompt(root.seq_id, prompt)
+        beams = [(root, 0.0)]  # (sequence, summed log-probability of its output)
         copies = 0
         try:
             for step in range(max_tokens):
-                new = {sid: (prompt[start:] if step == 0 else tokens[-1:])
-                       for sid, tokens, _ in beams}
-                res = manager.reserve_step({sid: len(t) for sid, t in new.items()})
-                copies += len(res.copies)
-                try:
-                    logprobs = self._beam_forward(res, new)
-                except BaseException:
-                    manager.abort_step(res)
-                    raise
-                manager.commit_step(res)
-                scores = torch.tensor([b[2] for b in beams], device=logprobs.device)
+                out = self._beam_step(beams, len(prompt) - start if step == 0 else 1)
+                copies += len(out.reservation.copies)
+                logprobs = self._execute(out, self._log_probs)
+                manager.commit_step(out.reservation)
+                scores = torch.tensor([b[1] for b in beams], device=logprobs.device)
                 top = (scores[:, None] + logprobs).flatten().topk(
                     min(width, logprobs.numel()))
                 vocab = logprobs.shape[1]
                 chosen = [(int(i) // vocab, int(i) % vocab, float(v))
                           for i, v in zip(top.indices.tolist(), top.values.tolist())]
                 beams = self._next_beams(beams, chosen)
-            ranked = sorted(beams, key=lambda b: -b[2])
-            return BeamSearchOutput(list(prompt), [b[1] for b in ranked],
-                                    [b[2] for b in ranked], copies)
+            ranked = sorted(beams, key=lambda b: -b[1])
+            return BeamSearchOutput(list(prompt), [b[0].output_token_ids for b in ranked],
+                                    [b[1] for b in ranked], copies)
         finally:
-            for sid, _, _ in beams:
-                if sid in manager:
-                    manager.release_sequence(sid)
+            for seq, _ in beams:
+                if seq.seq_id in manager:
+                    manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1429
-    def _beam_forward(self, res, new: dict) -> torch.Tensor:
-        """Log-probabilities [beams, vocab] of the next token of every beam."""
-        if res.copies:
-            self.cache.copy_blocks(res.copies)
-        batch = self._device_batch(
-            torch.tensor([t for sid in res.seq_ids for t in new[sid]]), res.positions,
-            res.slot_mapping, res.num_new_tokens,
-            [int(n) - q for n, q in zip(res.seq_lens, res.num_new_tokens)],
-            self.manager.get_block_table_tensor(res.seq_ids), res.seq_lens)
-        return self.model(batch, self.cache).float().log_softmax(-1)
+    # %% chapters/11_engine.md:1390
+    @staticmethod
+    def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
+        """Every row's next-token log-probabilities (a beam step samples nothing)."""
+        return logits.float().log_softmax(-1)
+
+
+    def _beam_step(self, beams, n: int) -> SchedulerOutput:
+        """The step that runs the last ``n`` tokens of every beam, its blocks reserved."""
+        chunks = [ScheduledChunk(seq, seq.num_tokens - n, n) for seq, _ in beams]
+        reservation = self.manager.reserve_step({seq.seq_id: n for seq, _ in beams})
+        return SchedulerOutput(chunks=chunks, reservation=reservation)
 
 
     def _next_beams(self, beams, chosen):
         """Fork beams chosen more than once, release the unchosen, record the tokens."""
         manager, taken, result = self.manager, set(), []
         for parent, token, score in chosen:
-            parent_id, tokens, _ = beams[parent]
+            seq = beams[parent][0]
+            seq_id = seq.seq_id
             if parent in taken:  # a second continuation of the same beam: share its blocks
-                child = next(self._seq_ids)
-                manager.fork(parent_id, child)
-                result.append((child, tokens + [token], score))
-            else:
-                taken.add(parent)
-                result.append((parent_id, tokens + [token], score))
-        for index, (sid, _, _) in enumerate(beams):
+                seq_id = next(self._seq_ids)
+                manager.fork(seq.seq_id, seq_id)
+            taken.add(parent)
+            tokens = seq.output_token_ids + [token]
+            result.append((replace(seq, seq_id=seq_id, output_token_ids=tokens), score))
+        for index, (seq, _) in enumerate(beams):
             if index not in taken:
-                manager.release_sequence(sid)
-        for sid, tokens, _ in result:  # after the forks: no child inherits a sibling's
-            manager.append_token_ids(sid, tokens[-1:])
+                manager.release_sequence(seq.seq_id)
+        for seq, _ in result:  # after the forks: no child inherits a sibling's token
+            manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1593
+    # %% chapters/11_engine.md:1561
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -732,7 +706,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1349
+# %% chapters/11_engine.md:1314
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -745,7 +719,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1509
+# %% chapters/11_engine.md:1472
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -785,7 +759,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1555
+    # %% chapters/11_engine.md:1518
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],
@@ -794,22 +768,27 @@ class DecodeGraphs:
             logits_indices=self.rows[:b])
 
 
-    def fits(self, batch_size: int, table_width: int) -> bool:
-        return batch_size <= self.buckets[-1] and table_width <= self.max_blocks
+    def fits(self, batch: ForwardBatch) -> bool:
+        """Whether a decode ``batch`` has a graph: few enough rows, tables narrow enough."""
+        return (len(batch.query_lens) <= self.buckets[-1]
+                and batch.block_tables.shape[1] <= self.max_blocks)
 
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
-            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-            seq_lens: torch.Tensor) -> torch.Tensor:
-        """Logits [B, vocab] of one decode step (host tensors in, copied to the buffers)."""
-        n = len(input_ids)
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of one decode ``batch`` (host tensors, copied into the buffers), one row
+        per ``batch.logits_indices``."""
+        n = len(batch.input_ids)
         b = next(b for b in self.buckets if b >= n)
-        self.input_ids[:n].copy_(input_ids, non_blocking=True)
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
         self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.seq_lens[:n].copy_(batch.seq_lens, non_blocking=True)
         self.seq_lens[n:b].zero_()
-        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        tables = batch.block_tables
+        self.block_tables[:n, :tables.shape[1]].copy_(tables, non_blocking=True)
         self.graphs[b].replay()
-        return self.outputs[b][:n]
+        logits = self.outputs[b][:n]
+        if len(batch.logits_indices) == n:  # every row samples (the usual decode step)
+            return logits
+        return logits[batch.logits_indices.to(logits.device)]

@@ -14,13 +14,15 @@ the reference every check compares against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from minipaged.block_manager import StepReservation
 from minipaged.block_table import blocks_needed, pad_block_tables, slots_for_positions
 from minipaged.decode_attention import paged_attention
 from minipaged.kv_cache import PagedKVCache
@@ -60,7 +62,7 @@ class HubUnavailableError(RuntimeError):
     """A pretrained model or tokenizer could not be loaded from the Hugging Face hub."""
 
 
-# %% chapters/09_qwen3.md:195
+# %% chapters/09_qwen3.md:197
 def tiny_qwen3_config(**overrides):
     """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, GQA 4:2.
 
@@ -97,7 +99,7 @@ def qwen3_0_6b_config(**overrides):
     return tiny_qwen3_config(**settings)
 
 
-# %% chapters/09_qwen3.md:246
+# %% chapters/09_qwen3.md:248
 def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None,
                  attn_implementation: str = "eager"):
@@ -144,7 +146,7 @@ def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
     return model.to(device or "cpu").eval(), tokenizer
 
 
-# %% chapters/09_qwen3.md:343
+# %% chapters/09_qwen3.md:345
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis: fp32 statistics, then the gain."""
 
@@ -160,7 +162,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-# %% chapters/09_qwen3.md:395
+# %% chapters/09_qwen3.md:397
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """Inverse frequencies of RoPE, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
@@ -182,7 +184,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# %% chapters/09_qwen3.md:457
+# %% chapters/09_qwen3.md:459
 def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -235,7 +237,7 @@ class ForwardBatch:
             last = torch.tensor(self.query_lens).cumsum(0) - 1
             self.logits_indices = last.to(self.input_ids.device, non_blocking=True)
 
-    # %% chapters/09_qwen3.md:517
+    # %% chapters/09_qwen3.md:519
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
@@ -279,8 +281,42 @@ class ForwardBatch:
             seq_lens=_int_tensor(lens, torch.int32, device),
         )
 
+    # %% chapters/09_qwen3.md:595
+    def to(self, device: torch.device | str | None) -> ForwardBatch:
+        """This batch with every tensor on ``device`` (``None``: unchanged)."""
+        if device is None:
+            return self
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return ForwardBatch(**{
+            name: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for name, v in values.items()})
 
-# %% chapters/09_qwen3.md:756
+
+    @classmethod
+    def from_reservation(cls, reservation: StepReservation, input_ids: torch.Tensor,
+                         rows: list[int] | None = None,
+                         logits_indices: torch.Tensor | None = None) -> ForwardBatch:
+        """The batch of a reserved step, or of its sequences ``rows`` (in that order).
+
+        ``input_ids`` are those sequences' new tokens; everything else comes from the
+        reservation. Host tensors: call ``.to(device)`` for the GPU.
+        """
+        res, query_lens = reservation, reservation.num_new_tokens
+        positions, slots, lens, tables = (res.positions, res.slot_mapping, res.seq_lens,
+                                          res.block_tables)
+        if rows is not None:
+            starts = list(itertools.accumulate(query_lens, initial=0))
+            tokens = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in rows])
+            positions, slots = positions[tokens], slots[tokens]
+            lens, tables = lens[rows], tables[rows]
+            query_lens = tuple(query_lens[i] for i in rows)
+        context = lens - torch.tensor(query_lens, dtype=lens.dtype)
+        return cls(input_ids=input_ids, positions=positions, slot_mapping=slots,
+                   query_lens=query_lens, context_lens=tuple(context.tolist()),
+                   block_tables=tables, seq_lens=lens, logits_indices=logits_indices)
+
+
+# %% chapters/09_qwen3.md:827
 _PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                           SDPBackend.MATH]
 """SDPA kernels prefill may use: not cuDNN, which plans anew for every new length."""
@@ -317,7 +353,7 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out
 
 
-# %% chapters/09_qwen3.md:842
+# %% chapters/09_qwen3.md:913
 class Qwen3PagedAttention(nn.Module):
     """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
 
@@ -336,7 +372,7 @@ class Qwen3PagedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    # %% chapters/09_qwen3.md:885
+    # %% chapters/09_qwen3.md:957
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
@@ -353,19 +389,20 @@ class Qwen3PagedAttention(nn.Module):
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-# %% chapters/09_qwen3.md:868
+# %% chapters/09_qwen3.md:939
 def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
                  ) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached keys and values:
-    the cache's own ``paged_attention`` method when it has one, else chapter 8's kernel."""
+    the cache's own ``paged_attention`` method when it has one, else chapter 8's
+    kernel."""
     read = getattr(cache, "paged_attention", None)
     if read is not None:
         return read(query, layer, block_tables, seq_lens, scale=scale)
     return paged_attention(query, cache, layer, block_tables, seq_lens, scale=scale)
 
 
-# %% chapters/09_qwen3.md:952
+# %% chapters/09_qwen3.md:1024
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
@@ -396,7 +433,7 @@ class Qwen3PagedLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/09_qwen3.md:1010
+# %% chapters/09_qwen3.md:1082
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
@@ -438,7 +475,7 @@ class Qwen3PagedModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    # %% chapters/09_qwen3.md:1060
+    # %% chapters/09_qwen3.md:1132
     @classmethod
     def from_state_dict(cls, config,
                         state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
@@ -468,7 +505,7 @@ class Qwen3PagedModel(nn.Module):
             model.inv_freq = rotary.inv_freq.detach().float().clone()
         return model
 
-    # %% chapters/09_qwen3.md:1098
+    # %% chapters/09_qwen3.md:1170
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """An empty paged cache shaped for this model, in its dtype and on its device."""
         c = self.config
@@ -485,7 +522,7 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-# %% chapters/09_qwen3.md:1153
+# %% chapters/09_qwen3.md:1225
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager."""
 LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1.2e-1}
@@ -532,7 +569,7 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
-# %% chapters/09_qwen3.md:1277
+# %% chapters/09_qwen3.md:1349
 @dataclass
 class GreedyTrace:
     """What ``greedy_generate`` produced: tokens, their logits, the block history."""
@@ -554,7 +591,7 @@ def _grow_table(table: list[int], free: list[int], tokens: int, block_size: int,
     table.extend(free.pop() for _ in range(grow))
 
 
-# %% chapters/09_qwen3.md:1304
+# %% chapters/09_qwen3.md:1376
 def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
                     prompts: list[list[int]], max_new_tokens: int, *,
                     arrivals: list[int] | None = None, seed: int = 0,
@@ -601,7 +638,7 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
     return trace
 
 
-# %% chapters/09_qwen3.md:1356
+# %% chapters/09_qwen3.md:1428
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.

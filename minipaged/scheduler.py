@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from minipaged.block_manager import StepReservation
 from minipaged.block_table import blocks_needed
 
 __all__ = [
@@ -36,7 +37,7 @@ class PromptTooLongError(ValueError):
     """A prompt can never be served: longer than the model allows, or than the cache."""
 
 
-# %% chapters/10_scheduler.md:148
+# %% chapters/10_scheduler.md:149
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into tokens, and when to stop (vLLM's names).
@@ -77,7 +78,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-# %% chapters/10_scheduler.md:211
+# %% chapters/10_scheduler.md:212
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -135,7 +136,7 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
-# %% chapters/10_scheduler.md:403
+# %% chapters/10_scheduler.md:404
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits and policy of the scheduler.
@@ -195,7 +196,7 @@ class ScheduledChunk:
         return self.start + self.num_tokens == end
 
 
-# %% chapters/10_scheduler.md:468
+# %% chapters/10_scheduler.md:469
 @dataclass
 class StepStats:
     """What one step looked like: the rows of the timeline figures."""
@@ -216,9 +217,10 @@ class SchedulerOutput:
     """One step's work: the chunks to run, and what the cache does before the forward.
 
     ``reservation`` is the block manager's ``StepReservation`` for the chunks, in the
-    same order: its ``slot_mapping``, ``positions`` and ``seq_lens`` feed the model, its
-    ``copies`` are copy-on-write block copies. ``swap_out`` / ``swap_in`` are (src, dst)
-    block pairs to move between the GPU pool and the CPU pool, out before in.
+    same order: its ``slot_mapping``, ``positions``, ``seq_lens`` and ``block_tables``
+    are all the model needs besides the tokens, its ``copies`` are copy-on-write block
+    copies. ``swap_out`` / ``swap_in`` are (src, dst) block pairs to move between the
+    GPU pool and the CPU pool, out before in.
     """
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
@@ -226,7 +228,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
-    reservation: object | None = None
+    reservation: StepReservation | None = None
     stats: StepStats | None = None
 
     @property
@@ -238,7 +240,7 @@ class SchedulerOutput:
         return not self.chunks
 
 
-# %% chapters/10_scheduler.md:536
+# %% chapters/10_scheduler.md:538
 class Scheduler:
     """Decides, step by step, which sequences run, and reserves the blocks they write.
 
@@ -297,7 +299,7 @@ class Scheduler:
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
-    # %% chapters/10_scheduler.md:610
+    # %% chapters/10_scheduler.md:612
     def abort(self, seq_id: int) -> Sequence:
         """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed now."""
         seq = self._live.get(seq_id)
@@ -313,7 +315,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    # %% chapters/10_scheduler.md:658
+    # %% chapters/10_scheduler.md:660
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks and reserve their blocks; run them, then commit."""
         self.step_count += 1
@@ -360,7 +362,7 @@ class Scheduler:
             num_decode_tokens=total - prefill, num_preempted=len(out.preempted),
             kv_utilization=used / self.num_total_blocks)
 
-    # %% chapters/10_scheduler.md:728
+    # %% chapters/10_scheduler.md:730
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self._decode_step(out, budget):
             return
@@ -403,7 +405,7 @@ class Scheduler:
         budget[1] += need
         return True
 
-    # %% chapters/10_scheduler.md:780
+    # %% chapters/10_scheduler.md:782
     def select_victim(self, candidates: list[Sequence]) -> Sequence:
         """The running sequence that gives its blocks back so ``candidates[0]`` can run.
 
@@ -425,7 +427,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:815
+    # %% chapters/10_scheduler.md:817
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self.swapped:  # parked sequences come back before anyone new is admitted
             return
@@ -457,7 +459,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:862
+    # %% chapters/10_scheduler.md:864
     def commit(self, out: SchedulerOutput, sampled: dict[int, int],
                eos_token_id: int | None = None,
                forks: list[tuple[Sequence, Sequence, int]] = (),
@@ -490,7 +492,7 @@ class Scheduler:
             events.append((child, token))
         return self._append_tokens(events, eos_token_id, now)
 
-    # %% chapters/10_scheduler.md:903
+    # %% chapters/10_scheduler.md:905
     def _append_tokens(self, events: list[tuple[Sequence, int]],
                        eos_token_id: int | None, now: float) -> list[Sequence]:
         append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
@@ -518,7 +520,7 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/10_scheduler.md:935
+    # %% chapters/10_scheduler.md:937
     def abort_step(self, out: SchedulerOutput) -> None:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
@@ -533,7 +535,7 @@ class Scheduler:
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:957
+    # %% chapters/10_scheduler.md:959
     def _stop_reason(self, seq: Sequence, token: int,
                      eos_token_id: int | None) -> SequenceStatus | None:
         params = seq.params
@@ -575,7 +577,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1136
+    # %% chapters/10_scheduler.md:1138
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -600,7 +602,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1289
+    # %% chapters/10_scheduler.md:1291
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
         a step: admission counts with them and attaches them)."""

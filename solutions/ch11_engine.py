@@ -55,7 +55,7 @@ class PenalizedLLM(LLM):
         super().__init__(model, **kwargs)
         self.repetition_penalty = repetition_penalty
 
-    def _sample(self, logits, samplers) -> list[int]:
+    def _sample(self, logits, samplers) -> list:
         if samplers and self.repetition_penalty != 1.0:
             seqs = [child or seq for seq, child in samplers]
             histories = [s.prompt_token_ids + s.output_token_ids for s in seqs]

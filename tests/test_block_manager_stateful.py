@@ -5,6 +5,8 @@ cache, read back through each sequence's block table, must give exactly that seq
 """
 
 import os
+
+import torch
 from collections import Counter
 
 import hypothesis.strategies as st
@@ -103,6 +105,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         except NoFreeBlocksError:
             assert self.snapshot() == before, "a failed reservation changed the manager"
             return
+        tables = self.m.get_block_table_tensor(reservation.seq_ids)
+        assert torch.equal(reservation.block_tables, tables), "the step's tables are stale"
         written = self.write(reservation)
         if commit:
             self.m.commit_step(reservation)

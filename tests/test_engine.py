@@ -168,6 +168,43 @@ def test_beam_search_equals_transformers(setup):
         assert llm.manager.invariants_ok()
 
 
+def test_a_failed_beam_step_frees_every_block_and_the_engine_still_works(setup, monkeypatch):
+    hf, prompts, _ = setup
+    llm = LLM(hf, block_size=2)
+    good = llm.beam_search(prompts[1], beam_width=3, max_tokens=NEW)[0]
+    original, calls = llm.model.forward, []
+
+    def fail_on_third_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(llm.model, "forward", fail_on_third_step)
+    with pytest.raises(RuntimeError, match="boom"):
+        llm.beam_search(prompts[1], beam_width=3, max_tokens=NEW)
+    assert llm.manager.pending_step is None and llm.manager.num_sequences == 0
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    monkeypatch.setattr(llm.model, "forward", original)
+    again = llm.beam_search(prompts[1], beam_width=3, max_tokens=NEW)[0]
+    assert again.sequences == good.sequences  # (the prompt now hits the prefix cache)
+    assert again.cumulative_logprobs == pytest.approx(good.cumulative_logprobs, abs=1e-4)
+
+
+def test_the_engine_runs_from_the_reservation_alone(setup, monkeypatch):
+    """Every step's block tables come with the scheduler's reservation: the engine never
+    asks the block manager for them."""
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the engine asked the manager for block tables")
+
+    monkeypatch.setattr(llm.manager, "get_block_table_tensor", refuse)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
+    assert llm.beam_search(prompts[0], beam_width=2, max_tokens=NEW)
+
+
 def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
     hf, prompts, reference = setup
     llm = LLM(hf, block_size=4)

@@ -59,6 +59,15 @@ def test_copy_on_write_only_for_shared_partial_blocks():
     assert m.invariants_ok()
 
 
+def test_a_step_carries_the_tables_after_copy_on_write():
+    m = make(a=5)
+    m.fork("a", "b")
+    step = m.reserve_step(["a", "b"])  # both write into the shared partial block: one copies
+    assert step.copies
+    for row, seq in enumerate(step.seq_ids):
+        assert step.block_tables[row].tolist() == m.block_table(seq)
+
+
 def test_three_sharers_one_step_recount():
     """The last sharer of a partial block needs no copy even though the up-front count assumed one."""
     m = make(bs=4, a=2)
