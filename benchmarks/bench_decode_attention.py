@@ -1,12 +1,20 @@
 """Decode attention on a paged KV cache vs its peers, on a GPU; results as JSON.
 
     python benchmarks/bench_decode_attention.py --out DIR [--quick] [--tune] [--no-flex]
+    python benchmarks/bench_decode_attention.py --out DIR --ragged [--quick]
 
 Writes DIR/decode_attention.json and DIR/kv_cache_layout.json, each
 {"device", "date", "command", "rows": [{"shape": {...}, "impl": ..., "median_us": ..., "gbps": ...}]}.
 Peers, on the same K/V values: torch SDPA on a contiguous cache (the bar), gather-into-contiguous then
 SDPA, and torch's FlexAttention-based PagedAttention. GB/s counts the bytes of K and V a decode step
 must read (every cached token once); the H200's measured copy bandwidth is 4.29 TB/s.
+
+``--ragged`` writes DIR/decode_attention_ragged.json instead: batches whose lengths are uniform in
+1..L (as in real serving), each timed with the split rule of the package (every program cuts its
+own sequence's length), with the rule that cuts every sequence like the longest possible one (a
+full table row), on tables as wide as the lengths need and as wide as a CUDA graph's (40,960
+tokens), plus a sweep of the split parameters; and the uniform shapes against SDPA on a contiguous
+cache. Fractions are of the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -255,6 +263,93 @@ def tune_rows(log=print) -> list[dict]:
     return rows
 
 
+RAGGED_SIZES = [(1, 131072), (8, 131072), (8, 16384), (64, 32768), (64, 2048), (512, 4096),
+                (512, 2048)]
+RAGGED_HEADS = [(32, 8, 128), (32, 4, 64)]     # GQA groups 4 and 8, head dims 128 and 64
+GRAPH_TOKENS = 40960                           # Qwen3's max_model_len: a captured graph's tables
+
+
+class RaggedCase(Case):
+    """A batch whose lengths are uniform in 1..length; tables ``width`` tokens wide."""
+
+    def __init__(self, batch, length, q_heads, kv_heads, head_dim, block_size, width=None,
+                 seed=0):
+        self.shape = dict(batch=batch, max_len=length, q_heads=q_heads, kv_heads=kv_heads,
+                          head_dim=head_dim, block_size=block_size, ragged=True)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.lens = torch.randint(1, length + 1, (batch,), device="cuda", generator=gen,
+                                  dtype=torch.int32)
+        blocks = (self.lens.long() + block_size - 1) // block_size
+        num_blocks = int(blocks.sum())
+        self.cache = PagedKVCache(1, num_blocks, block_size, kv_heads, head_dim, torch.bfloat16,
+                                  "cuda")
+        self.cache.storage.normal_(generator=gen)
+        perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
+        cols = -(-(width or length) // block_size)
+        self.tables = torch.zeros(batch, cols, dtype=torch.int32, device="cuda")
+        starts = torch.cumsum(blocks, 0) - blocks
+        for b in range(batch):
+            n = int(blocks[b])
+            self.tables[b, :n] = perm[int(starts[b]):int(starts[b]) + n]
+        self.query = torch.randn(batch, q_heads, head_dim, device="cuda", generator=gen,
+                                 dtype=torch.bfloat16)
+        self.k = self.v = None
+        self.bytes = 2 * int(self.lens.sum()) * kv_heads * head_dim * 2
+
+
+def ragged_rows(quick: bool = False, log=print) -> list[dict]:
+    """Ragged batches: the package's split rule against cutting like the longest sequence."""
+    from minipaged.decode_attention import _split_plan, paged_attention_reference
+
+    rows = []
+    sizes = RAGGED_SIZES[1:2] if quick else RAGGED_SIZES
+    heads = RAGGED_HEADS[:1] if quick else RAGGED_HEADS
+    copy_gbps = COPY_TBPS * 1e3
+    for (batch, length), (hq, hkv, d) in ((a, b) for a in sizes for b in heads):
+        for width in (length, GRAPH_TOKENS if length < GRAPH_TOKENS else None):
+            if width is None:
+                continue
+            case = RaggedCase(batch, length, hq, hkv, d, 16, width=width)
+            ref = paged_attention_reference(case.query[:4], case.cache, 0, case.tables[:4],
+                                            case.lens[:4])
+            err = rel_err(case.ours()[:4], ref)
+            assert err < 2e-2, f"paged_attention disagrees with the reference: {err:.2e}"
+            max_tokens = case.tables.shape[1] * 16
+            splits, _, granule, _ = _split_plan(batch, case.cache, d, max_tokens,
+                                                case.query.device, None, None)
+            longest = decode_attention._split_ranges(max_tokens, splits, granule)[0]
+            variants = {"per-sequence ranges (package)": {},
+                        "ranges of the longest sequence": {"num_splits": splits,
+                                                           "min_split": longest}}
+            if width == length:
+                for pps in (2, 4, 8):
+                    for min_split in (256, 512, 1024):
+                        n = decode_attention.choose_num_splits(batch, hkv, max_tokens,
+                                                               case.query.device,
+                                                               programs_per_sm=pps)
+                        variants[f"sweep pps={pps} min={min_split}"] = {
+                            "num_splits": n, "min_split": min_split}
+            for name, kw in variants.items():
+                us = bench(lambda: case.ours(**kw), 10, 60)
+                r = row(case, "triton_paged", us, variant=name, table_tokens=width,
+                        splits=kw.get("num_splits", splits), rel_err=round(err, 5))
+                r["copy_fraction"] = round(r["gbps"] / copy_gbps, 3)
+                rows.append(r)
+                if not name.startswith("sweep"):
+                    log(f"B={batch:3d} L={length:6d} H={hq}/{hkv} D={d:3d} table {width:6d}: "
+                        f"{name:32s} {us:8.1f} us {r['copy_fraction']:6.1%} of copy")
+            del case
+            torch.cuda.empty_cache()
+    for (batch, length), (hq, hkv, d) in ((a, b) for a in SIZES for b in HEADS[:1]):
+        case = Case(batch, length, hq, hkv, d, 16)
+        ours, sdpa = bench(case.ours), min(bench(case.sdpa_gqa), bench(case.sdpa_grouped))
+        rows.append(row(case, "triton_paged", ours, variant="uniform",
+                        vs_sdpa_contiguous=round(sdpa / ours, 3)))
+        log(f"uniform B={batch} L={length}: {ours:.1f} us, {sdpa / ours:.2f}x SDPA contiguous")
+        del case
+    return rows
+
+
 def header(command: str) -> dict:
     props = torch.cuda.get_device_properties(0)
     return {"device": f"{props.name} ({props.multi_processor_count} SMs, "
@@ -269,6 +364,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one shape only")
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (slow to compile)")
+    parser.add_argument("--ragged", action="store_true", help="only the ragged-batch sweep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure (the chapters plot the recorded results/*.json)")
@@ -279,6 +375,9 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     save = lambda name, rows: (out / name).write_text(json.dumps(header(command) | {"rows": rows},
                                                                             indent=1))
+    if args.ragged:
+        save("decode_attention_ragged.json", ragged_rows(args.quick))
+        return 0
     if args.tune:
         save("decode_attention_tune.json", tune_rows())
     rows = decode_rows(args.quick, flex=not args.no_flex)

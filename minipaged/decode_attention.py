@@ -166,22 +166,25 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return out
 
 
-# %% chapters/08_paged_attention.md:551
+# %% chapters/08_paged_attention.md:554
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
-        scale_log2, tokens_per_split, num_splits, group,
+        scale_log2, min_split, num_splits, group,
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-        FP32_PRECISION: tl.constexpr):
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, GRANULE: tl.constexpr,
+        SPLIT: tl.constexpr, FP32_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     length = tl.load(lens_ptr + b)
-    start = split * tokens_per_split
-    end = tl.minimum(length, start + tokens_per_split)
+    # this sequence's range: its length cut in num_splits whole granules, >= min_split
+    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
+    per_split = tl.maximum(per_split, min_split)
+    start = split * per_split
+    end = tl.minimum(length, start + per_split)
 
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
@@ -206,7 +209,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/08_paged_attention.md:596
+# %% chapters/08_paged_attention.md:602
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
                          num_splits, SPLITS_PAD: tl.constexpr,
@@ -230,7 +233,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:630
+# %% chapters/08_paged_attention.md:636
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -253,14 +256,33 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int,
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _split_ranges(max_tokens: int, num_splits: int, granule: int) -> tuple[int, int]:
-    """(tokens per split, splits): ranges rounded up to whole granules, none empty."""
-    tokens_per_split = ceil_div(max(max_tokens, 1), num_splits)
-    tokens_per_split = ceil_div(tokens_per_split, granule) * granule
-    return tokens_per_split, max(1, ceil_div(max_tokens, tokens_per_split))
+def _split_ranges(length: int, num_splits: int, granule: int,
+                  min_split: int = 0) -> tuple[int, int]:
+    """(tokens per split, splits) of one sequence, as the kernel cuts it: ranges of
+    whole granules, at least ``min_split`` tokens, none empty."""
+    tokens_per_split = ceil_div(max(length, 1), num_splits)
+    tokens_per_split = max(ceil_div(tokens_per_split, granule) * granule, min_split)
+    return tokens_per_split, max(1, ceil_div(length, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:678
+# %% chapters/08_paged_attention.md:687
+def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
+                device: torch.device, num_splits: int | None, min_split: int | None
+                ) -> tuple[int, int, int, tuple[int, int, int]]:
+    """(splits to launch, shortest range, granule, (tile, warps, stages))."""
+    chosen = num_splits is None
+    if chosen:
+        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
+    config = _launch_config(head_dim, device, num_splits > 1)
+    granule = max(config[0], cache.block_size)
+    if min_split is None:
+        min_split = 256 if chosen else granule
+    min_split = ceil_div(max(min_split, 1), granule) * granule
+    _, num_splits = _split_ranges(max_tokens, num_splits, granule, min_split)
+    return num_splits, min_split, granule, config
+
+
+# %% chapters/08_paged_attention.md:713
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -293,7 +315,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:715
+# %% chapters/08_paged_attention.md:750
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -332,18 +354,21 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:756
+# %% chapters/08_paged_attention.md:791
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
                     out: torch.Tensor | None = None,
-                    check_tables: bool | None = None) -> torch.Tensor:
+                    check_tables: bool | None = None,
+                    min_split: int | None = None) -> torch.Tensor:
     """Decode attention of ``query[B, Hq, D]`` over each sequence's paged K/V.
 
     Sequence ``b`` attends to its first ``seq_lens[b]`` tokens, found through
     ``block_tables[b, t // block_size]``; query head ``h`` reads KV head
-    ``h // (Hq // Hkv)``; ``scale`` defaults to ``1/sqrt(D)``; the split-KV factor
-    ``num_splits`` is chosen when None. Length 0 gives zeros; table entries past a
+    ``h // (Hq // Hkv)``; ``scale`` defaults to ``1/sqrt(D)``. Split-KV cuts each
+    sequence's length into ``num_splits`` ranges (chosen when None), none shorter than
+    ``min_split`` tokens (default: 256 when the split is chosen, one tile when it is
+    given). Length 0 gives zeros; table entries past a
     sequence's length are never read. ``out``, if given, is like ``query`` and receives
     the result. With ``check_tables`` (default: when ``seq_lens`` is on the CPU) a
     length beyond its table row or a block outside the cache raises
@@ -360,11 +385,8 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     device, max_tokens = query.device, block_tables.shape[1] * cache.block_size
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
-    tile, num_warps, num_stages = _launch_config(head_dim, device, num_splits > 1)
-    tokens_per_split, num_splits = _split_ranges(max_tokens, num_splits,
-                                                 max(tile, cache.block_size))
+    num_splits, min_split, granule, (tile, num_warps, num_stages) = _split_plan(
+        batch, cache, head_dim, max_tokens, device, num_splits, min_split)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     dim_pad = triton.next_power_of_2(head_dim)
     part_out = part_ml = out                # unused without a split
@@ -375,13 +397,14 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     stride_block, stride_token, stride_head = cache.strides()
     _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
         query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
-        out, part_out, part_ml, scale * 1.4426950408889634, tokens_per_split, num_splits,
+        out, part_out, part_ml, scale * 1.4426950408889634, min_split, num_splits,
         num_heads // cache.num_kv_heads, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_token, stride_head,
         GROUP_PAD=max(16, triton.next_power_of_2(num_heads // cache.num_kv_heads)),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
-        SPLIT=num_splits > 1, FP32_PRECISION=_fp32_precision(query.dtype),
+        GRANULE=granule, SPLIT=num_splits > 1,
+        FP32_PRECISION=_fp32_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from minipaged.decode_attention import (PagedAttentionError, choose_num_splits, paged_attention,
+from minipaged.decode_attention import (PagedAttentionError, _split_ranges, choose_num_splits,
+                                        paged_attention,
                                         paged_attention_reference)
 from minipaged.kv_cache import KVCacheError, PagedKVCache
 from minipaged.runtime import by_device, default_device
@@ -145,6 +146,29 @@ def test_split_rule():
     assert choose_num_splits(1, 1, 10_000, cpu) == 8
     assert choose_num_splits(1, 1, 300, cpu) == 1          # too short to split
     assert choose_num_splits(1, 1, 10**7, cpu, programs_per_sm=100) == 64
+
+
+@pytest.mark.parametrize("splits, min_split", [(None, None), (3, None), (4, 64), (8, 1)])
+def test_ragged_lengths_wide_tables_and_any_split_give_the_same_answer(splits, min_split):
+    """Each program cuts its own sequence's length: a table far wider than the lengths
+    (a CUDA graph's, sized for the longest possible sequence) changes nothing."""
+    lengths = [1, 37, 300, 5, 129, 0, 64]
+    query, cache, tables, lens = make_case(lengths, 4, 2, 4, 64, torch.float32, seed=3)
+    ref = paged_attention_reference(query, cache, 0, tables, lens)
+    wide = torch.cat([tables, tables.new_full((len(lengths), 200), cache.num_blocks - 1)], 1)
+    for t in (tables, wide):
+        out = paged_attention(query, cache, 0, t, lens, num_splits=splits, min_split=min_split,
+                              out=torch.full_like(query, float("nan")))
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_split_ranges_follow_each_length():
+    assert _split_ranges(1000, 4, granule=64) == (256, 4)
+    assert _split_ranges(100, 4, granule=64) == (64, 2)
+    assert _split_ranges(100, 4, granule=64, min_split=256) == (256, 1)
+    for length in range(1, 600, 7):
+        per, used = _split_ranges(length, 5, granule=16, min_split=48)
+        assert per % 16 == 0 and per >= 48 and (used - 1) * per < length <= used * per
 
 
 @pytest.mark.parametrize("block_size, group, dtype", [(4, 4, torch.float32), (16, 1, torch.float16),
