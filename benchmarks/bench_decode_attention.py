@@ -298,9 +298,8 @@ class RaggedCase(Case):
 
 
 def ragged_rows(quick: bool = False, log=print) -> list[dict]:
-    """Ragged batches: the package's balanced split against cutting every sequence like the
-    longest possible one (the rule before balancing), and a sweep of the balance constants."""
-    from minipaged.decode_attention import paged_attention_reference
+    """Ragged batches: the package's split rule against cutting like the longest sequence."""
+    from minipaged.decode_attention import _split_plan, paged_attention_reference
 
     rows = []
     sizes = RAGGED_SIZES[1:2] if quick else RAGGED_SIZES
@@ -316,34 +315,24 @@ def ragged_rows(quick: bool = False, log=print) -> list[dict]:
             err = rel_err(case.ours()[:4], ref)
             assert err < 2e-2, f"paged_attention disagrees with the reference: {err:.2e}"
             max_tokens = case.tables.shape[1] * 16
-            old_splits = decode_attention.choose_num_splits(batch, hkv, max_tokens,
-                                                            case.query.device)
-            granule = decode_attention._split_plan(batch, case.cache, d, max_tokens,
-                                                   case.query.device, None, None)[3]
-            longest = decode_attention._split_ranges(max_tokens, old_splits, granule)[0]
-            variants = {"balanced ranges (package)": ({}, {}),
-                        "ranges of the longest sequence": (
-                            {"num_splits": old_splits, "min_split": longest}, {})}
+            splits, _, granule, _ = _split_plan(batch, case.cache, d, max_tokens,
+                                                case.query.device, None, None)
+            longest = decode_attention._split_ranges(max_tokens, splits, granule)[0]
+            variants = {"per-sequence ranges (package)": {},
+                        "ranges of the longest sequence": {"num_splits": splits,
+                                                           "min_split": longest}}
             if width == length:
-                for split_pps in (4, 8, 16):
-                    for balance_pps in (2, 4, 8):
-                        variants[f"sweep split={split_pps} balance={balance_pps}"] = ({}, {
-                            "SPLIT_PROGRAMS_PER_SM": split_pps,
-                            "BALANCE_PROGRAMS_PER_SM": balance_pps})
-            for name, (kw, constants) in variants.items():
-                saved = {k: getattr(decode_attention, k) for k in constants}
-                try:
-                    for k, v in constants.items():
-                        setattr(decode_attention, k, v)
-                    us = bench(lambda: case.ours(**kw), 10, 60)
-                    splits = decode_attention._split_plan(
-                        batch, case.cache, d, max_tokens, case.query.device,
-                        kw.get("num_splits"), kw.get("min_split"))[0]
-                finally:
-                    for k, v in saved.items():
-                        setattr(decode_attention, k, v)
+                for pps in (2, 4, 8):
+                    for min_split in (256, 512, 1024):
+                        n = decode_attention.choose_num_splits(batch, hkv, max_tokens,
+                                                               case.query.device,
+                                                               programs_per_sm=pps)
+                        variants[f"sweep pps={pps} min={min_split}"] = {
+                            "num_splits": n, "min_split": min_split}
+            for name, kw in variants.items():
+                us = bench(lambda: case.ours(**kw), 10, 60)
                 r = row(case, "triton_paged", us, variant=name, table_tokens=width,
-                        splits=splits, rel_err=round(err, 5), **constants)
+                        splits=kw.get("num_splits", splits), rel_err=round(err, 5))
                 r["copy_fraction"] = round(r["gbps"] / copy_gbps, 3)
                 rows.append(r)
                 if not name.startswith("sweep"):

@@ -170,17 +170,19 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
-        scale_log2, min_split, balance, num_splits, group,
+        scale_log2, min_split, num_splits, group,
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, GRANULE: tl.constexpr,
-        BATCH_PAD: tl.constexpr, SPLIT: tl.constexpr, FP32_PRECISION: tl.constexpr):
+        SPLIT: tl.constexpr, FP32_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length, per_split = _sequence_range(lens_ptr, b, tl.num_programs(0), num_splits,
-                                        min_split, balance, GRANULE, BATCH_PAD)
+    length = tl.load(lens_ptr + b)
+    # this sequence's range: its length cut in num_splits whole granules, >= min_split
+    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
+    per_split = tl.maximum(per_split, min_split)
     start = split * per_split
     end = tl.minimum(length, start + per_split)
 
@@ -207,25 +209,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/08_paged_attention.md:599
-@triton.jit
-def _sequence_range(lens_ptr, b, batch, num_splits, min_split, balance,
-                    GRANULE: tl.constexpr, BATCH_PAD: tl.constexpr):
-    """(length, tokens per range) of sequence ``b``: its length cut in ``num_splits``
-    ranges of whole granules, none shorter than ``min_split`` nor, when ``balance``
-    > 0, than the batch's tokens divided by ``balance``."""
-    length = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
-    per_split = tl.maximum(per_split, min_split)
-    if BATCH_PAD > 1:  # balanced: every program gets about the same number of tokens
-        seqs = tl.arange(0, BATCH_PAD)
-        total = tl.sum(tl.load(lens_ptr + seqs, mask=seqs < batch, other=0))
-        fair = tl.cdiv(tl.cdiv(total, balance), GRANULE) * GRANULE
-        per_split = tl.maximum(per_split, fair)
-    return length, per_split
-
-
-# %% chapters/08_paged_attention.md:627
+# %% chapters/08_paged_attention.md:602
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
                          num_splits, SPLITS_PAD: tl.constexpr,
@@ -249,7 +233,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:661
+# %% chapters/08_paged_attention.md:636
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -281,34 +265,24 @@ def _split_ranges(length: int, num_splits: int, granule: int,
     return tokens_per_split, max(1, ceil_div(length, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:712
-SPLIT_PROGRAMS_PER_SM = 8    # the most ranges launched: a ragged batch's long sequences
-BALANCE_PROGRAMS_PER_SM = 4  # tokens per range: the batch's tokens over these programs
-
-
+# %% chapters/08_paged_attention.md:687
 def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
                 device: torch.device, num_splits: int | None, min_split: int | None
-                ) -> tuple[int, int, int, int, tuple[int, int, int]]:
-    """(splits to launch, shortest range, balance (0: off), granule, (tile, warps,
-    stages)). A chosen split is balanced over the batch; a given one is exact."""
+                ) -> tuple[int, int, int, tuple[int, int, int]]:
+    """(splits to launch, shortest range, granule, (tile, warps, stages))."""
     chosen = num_splits is None
     if chosen:
-        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device,
-                                       programs_per_sm=SPLIT_PROGRAMS_PER_SM)
-    config = _launch_config(head_dim, device, num_splits > 2)
+        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
+    config = _launch_config(head_dim, device, num_splits > 1)
     granule = max(config[0], cache.block_size)
     if min_split is None:
         min_split = 256 if chosen else granule
     min_split = ceil_div(max(min_split, 1), granule) * granule
     _, num_splits = _split_ranges(max_tokens, num_splits, granule, min_split)
-    balance = 0
-    if chosen and num_splits > 1:
-        programs = BALANCE_PROGRAMS_PER_SM * _num_sms(device)
-        balance = max(1, programs // cache.num_kv_heads)
-    return num_splits, min_split, balance, granule, config
+    return num_splits, min_split, granule, config
 
 
-# %% chapters/08_paged_attention.md:748
+# %% chapters/08_paged_attention.md:713
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -341,7 +315,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:785
+# %% chapters/08_paged_attention.md:750
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -380,7 +354,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:826
+# %% chapters/08_paged_attention.md:791
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
@@ -411,9 +385,8 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     device, max_tokens = query.device, block_tables.shape[1] * cache.block_size
-    plan = _split_plan(batch, cache, head_dim, max_tokens, device, num_splits,
-                       min_split)
-    num_splits, min_split, balance, granule, (tile, num_warps, num_stages) = plan
+    num_splits, min_split, granule, (tile, num_warps, num_stages) = _split_plan(
+        batch, cache, head_dim, max_tokens, device, num_splits, min_split)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     dim_pad = triton.next_power_of_2(head_dim)
     part_out = part_ml = out                # unused without a split
@@ -424,15 +397,13 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     stride_block, stride_token, stride_head = cache.strides()
     _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
         query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
-        out, part_out, part_ml, scale * 1.4426950408889634, min_split, balance,
-        num_splits,
+        out, part_out, part_ml, scale * 1.4426950408889634, min_split, num_splits,
         num_heads // cache.num_kv_heads, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_token, stride_head,
         GROUP_PAD=max(16, triton.next_power_of_2(num_heads // cache.num_kv_heads)),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
-        GRANULE=granule, BATCH_PAD=triton.next_power_of_2(batch) if balance else 1,
-        SPLIT=num_splits > 1,
+        GRANULE=granule, SPLIT=num_splits > 1,
         FP32_PRECISION=_fp32_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
