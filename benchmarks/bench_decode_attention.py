@@ -13,7 +13,7 @@ must read (every cached token once); the H200's measured copy bandwidth is 4.29 
 1..L (as in real serving), each timed with the split rule of the package (every program cuts its
 own sequence's length), with the rule that cuts every sequence like the longest possible one (a
 full table row), on tables as wide as the lengths need and as wide as a CUDA graph's (40,960
-tokens), plus a sweep of the split parameters; and the uniform shapes against SDPA on a contiguous
+tokens) (with ``--sweep``, also a sweep of the split parameters); and the uniform shapes against SDPA on a contiguous
 cache. Fractions are of the copy bandwidth.
 """
 
@@ -297,7 +297,7 @@ class RaggedCase(Case):
         self.bytes = 2 * int(self.lens.sum()) * kv_heads * head_dim * 2
 
 
-def ragged_rows(quick: bool = False, log=print) -> list[dict]:
+def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dict]:
     """Ragged batches: the package's split rule against cutting like the longest sequence."""
     from minipaged.decode_attention import _split_plan, paged_attention_reference
 
@@ -321,7 +321,7 @@ def ragged_rows(quick: bool = False, log=print) -> list[dict]:
             variants = {"per-sequence ranges (package)": {},
                         "ranges of the longest sequence": {"num_splits": splits,
                                                            "min_split": longest}}
-            if width == length:
+            if width == length and sweep:
                 for pps in (2, 4, 8):
                     for min_split in (256, 512, 1024):
                         n = decode_attention.choose_num_splits(batch, hkv, max_tokens,
@@ -330,7 +330,7 @@ def ragged_rows(quick: bool = False, log=print) -> list[dict]:
                         variants[f"sweep pps={pps} min={min_split}"] = {
                             "num_splits": n, "min_split": min_split}
             for name, kw in variants.items():
-                us = bench(lambda: case.ours(**kw), 10, 60)
+                us = bench(lambda: case.ours(**kw), *((10, 60) if sweep else (25, 200)))
                 r = row(case, "triton_paged", us, variant=name, table_tokens=width,
                         splits=kw.get("num_splits", splits), rel_err=round(err, 5))
                 r["copy_fraction"] = round(r["gbps"] / copy_gbps, 3)
@@ -364,7 +364,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one shape only")
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (slow to compile)")
-    parser.add_argument("--ragged", action="store_true", help="only the ragged-batch sweep")
+    parser.add_argument("--ragged", action="store_true", help="only the ragged batches")
+    parser.add_argument("--sweep", action="store_true",
+                        help="with --ragged: also sweep the split parameters")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure (the chapters plot the recorded results/*.json)")
@@ -376,7 +378,7 @@ def main() -> int:
     save = lambda name, rows: (out / name).write_text(json.dumps(header(command) | {"rows": rows},
                                                                             indent=1))
     if args.ragged:
-        save("decode_attention_ragged.json", ragged_rows(args.quick))
+        save("decode_attention_ragged.json", ragged_rows(args.quick, args.sweep))
         return 0
     if args.tune:
         save("decode_attention_tune.json", tune_rows())
