@@ -1,7 +1,7 @@
 # GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md:316
+# %% chapters/12_fp8_kv_cache.md:318
 """An FP8 paged KV cache: e4m3 blocks with one scale per (slot, KV head)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fp8_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# %% chapters/12_fp8_kv_cache.md:364
+# %% chapters/12_fp8_kv_cache.md:366
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` as e4m3 with one fp32 scale per row (``amax / 448``), in torch."""
     x = x.float()
@@ -66,7 +66,7 @@ def fp8_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     return 2 * num_layers * num_kv_heads * (head_dim + scale_bytes)
 
 
-# %% chapters/12_fp8_kv_cache.md:393
+# %% chapters/12_fp8_kv_cache.md:395
 class Fp8PagedKVCache(PagedKVCache):
     """A ``PagedKVCache`` whose blocks hold e4m3 values, each (slot, KV head) row of K
     and V with its own fp32 scale in ``scales[layer, 0|1, block, head, token]``.
@@ -97,7 +97,7 @@ class Fp8PagedKVCache(PagedKVCache):
     def __repr__(self) -> str:
         return "Fp8" + super().__repr__()
 
-    # %% chapters/12_fp8_kv_cache.md:525
+    # %% chapters/12_fp8_kv_cache.md:527
     def _checked_write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor, check_slots: bool | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +139,7 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md:624
+    # %% chapters/12_fp8_kv_cache.md:626
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each."""
@@ -182,7 +182,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:841
+    # %% chapters/12_fp8_kv_cache.md:843
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -232,7 +232,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:895
+    # %% chapters/12_fp8_kv_cache.md:897
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -258,7 +258,7 @@ class Fp8PagedKVCache(PagedKVCache):
         self._layer(layer)
 
 
-# %% chapters/12_fp8_kv_cache.md:453
+# %% chapters/12_fp8_kv_cache.md:455
 @triton.jit
 def _round_to_e4m3(x):
     """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even.
@@ -271,11 +271,11 @@ def _round_to_e4m3(x):
     bits = a.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
     normal = bits.to(tl.float32, bitcast=True)
-    y = a * 512.0
-    low = tl.floor(y)
-    odd = (low - 2.0 * tl.floor(low * 0.5)) == 1.0
-    up = (y - low > 0.5) | ((y - low == 0.5) & odd)
-    subnormal = (low + tl.where(up, 1.0, 0.0)) * 0.001953125
+    y = a * 512.0                                   # exact: a power-of-two scaling
+    low = y.to(tl.int32)                            # floor, since y >= 0
+    rest = y - low.to(tl.float32)
+    up = (rest > 0.5) | ((rest == 0.5) & ((low & 1) == 1))
+    subnormal = (low + up.to(tl.int32)).to(tl.float32) * 0.001953125
     r = tl.where(a < 0.015625, subnormal, normal)
     sign = x.to(tl.int32, bitcast=True) & -0x80000000        # -0.0 stays -0.0
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
@@ -290,7 +290,7 @@ def _quantize_rows(x, FP8_MAX: tl.constexpr):
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
-# %% chapters/12_fp8_kv_cache.md:487
+# %% chapters/12_fp8_kv_cache.md:489
 @triton.jit
 def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                       v_scale_ptr, slot_ptr, num_slots, stride_kn, stride_kh,
@@ -322,7 +322,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:675
+# %% chapters/12_fp8_kv_cache.md:677
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -335,7 +335,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:744
+# %% chapters/12_fp8_kv_cache.md:746
 @triton.jit
 def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
                       scale_head_base, start, end, scale_log2, stride_block,
@@ -380,7 +380,7 @@ def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
     return m, l, acc
 
 
-# %% chapters/12_fp8_kv_cache.md:794
+# %% chapters/12_fp8_kv_cache.md:796
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -420,7 +420,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:987
+# %% chapters/12_fp8_kv_cache.md:990
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized
