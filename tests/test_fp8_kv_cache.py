@@ -330,3 +330,19 @@ def test_write_and_decode_are_cuda_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+def test_bench_fp8_quick_runs_end_to_end(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "benchmarks/bench_fp8.py"), "--quick",
+                           "--check", "--skip-engine", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "fp8_h200.json").read_text())
+    assert result["check"]["failures"] == [] and len(result["kernel"]) == 2
+    assert all(r["fp8_bytes"] < r["bf16_bytes"] for r in result["kernel"])
