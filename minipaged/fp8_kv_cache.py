@@ -139,15 +139,23 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md:626
+    # %% chapters/12_fp8_kv_cache.md:628
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each."""
-        key, value = PagedKVCache.gather(self, layer, block_table, num_tokens)
+        """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each.
+
+        Checks as ``PagedKVCache.gather``; indexes the values as bytes (torch's indexing
+        kernels do not all take fp8).
+        """
         table = torch.as_tensor(block_table, dtype=torch.long).to(self.device)
+        if table.dim() != 1 or not 0 <= num_tokens <= table.numel() * self.block_size:
+            raise KVCacheError(f"a 1-D block_table of {table.numel()} blocks of "
+                               + f"{self.block_size} cannot hold {num_tokens} tokens")
         positions = torch.arange(num_tokens, device=self.device)
         blocks = table[positions // self.block_size]
         offsets = positions % self.block_size
+        values = self.storage[self._layer(layer)].view(torch.uint8)       # [2, blocks, ...]
+        key, value = (values[i][blocks, offsets].view(FP8_DTYPE) for i in (0, 1))
         scales = self.scales[layer].permute(1, 3, 0, 2)[blocks, offsets]   # [N, 2, H_kv]
         return (dequantize_reference(key, scales[:, 0]),
                 dequantize_reference(value, scales[:, 1]))
@@ -182,7 +190,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:843
+    # %% chapters/12_fp8_kv_cache.md:853
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -232,7 +240,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:897
+    # %% chapters/12_fp8_kv_cache.md:907
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -322,7 +330,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:677
+# %% chapters/12_fp8_kv_cache.md:687
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -335,7 +343,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:746
+# %% chapters/12_fp8_kv_cache.md:756
 @triton.jit
 def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
                       scale_head_base, start, end, scale_log2, stride_block,
@@ -380,7 +388,7 @@ def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
     return m, l, acc
 
 
-# %% chapters/12_fp8_kv_cache.md:796
+# %% chapters/12_fp8_kv_cache.md:806
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -420,7 +428,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:990
+# %% chapters/12_fp8_kv_cache.md:1000
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized

@@ -69,9 +69,9 @@ def test_write_rounds_every_value_tie_and_carry_like_torch():
     rows = rows_with_scale_one(values, 64)
     cache = Fp8PagedKVCache(1, blocks_needed(len(rows), 16), 16, 2, 64, DEVICE)
     key, slots = write_rows(cache, rows)
-    stored = cache.storage[0, 0].flatten(0, 1)[slots.to(DEVICE)].cpu()
+    stored = cache.storage[0, 0].view(torch.uint8).flatten(0, 1)[slots.to(DEVICE)].cpu()
     expected, scale = quantize_reference(key)
-    assert torch.equal(stored.view(torch.uint8), expected.view(torch.uint8))
+    assert torch.equal(stored, expected.view(torch.uint8))
     assert torch.equal(cache.scales[0, 0].transpose(1, 2).flatten(0, 1)[slots].cpu(), scale)
 
 
@@ -90,12 +90,13 @@ def test_write_matches_reference_and_skips(heads, dim, index_dtype):
     blocks, offsets = slots[keep].long() // 4, slots[keep].long() % 4
     for plane, x in enumerate((key, value)):
         q, s = quantize_reference(x[keep])
-        got = cache.storage[1, plane][blocks.to(DEVICE), offsets.to(DEVICE)].cpu()
-        assert torch.equal(got.view(torch.uint8), q.view(torch.uint8))
+        got = cache.storage[1, plane].view(torch.uint8)[blocks.to(DEVICE),
+                                                        offsets.to(DEVICE)].cpu()
+        assert torch.equal(got, q.view(torch.uint8))
         assert torch.equal(cache.scales[1, plane][blocks, :, offsets].cpu(), s)
     written = torch.zeros(cache.num_slots, dtype=torch.bool)
     written[slots[keep].long()] = True
-    assert (cache.key_cache(1).flatten(0, 1)[~written.to(DEVICE)].float() == 0).all()
+    assert (cache.key_cache(1).view(torch.uint8).flatten(0, 1)[~written.to(DEVICE)] == 0).all()
     assert (cache.storage[0].float() == 0).all() and (cache.scales[0] == 1).all()
 
 
@@ -111,6 +112,22 @@ def test_write_errors_leave_the_cache_unchanged():
         cache.write(3, good, good, torch.tensor([0, 1], device=DEVICE))
     assert torch.equal(cache.storage.view(torch.uint8), before[0].view(torch.uint8))
     assert torch.equal(cache.scales, before[1])
+
+
+def test_gather_checks_and_dequantizes():
+    cache = Fp8PagedKVCache(2, 4, 4, 1, 8, DEVICE)
+    x = torch.randn(6, 1, 8) * 10
+    cache.write(1, x.to(DEVICE), (-x).to(DEVICE), torch.tensor([8, 9, 10, 11, 0, 1]))
+    key, value = cache.gather(1, [2, 0], 6)
+    q, s = quantize_reference(x)
+    assert torch.equal(key.cpu(), dequantize_reference(q, s)) and key.dtype == torch.float32
+    assert torch.equal(value.cpu(), -key.cpu())
+    with pytest.raises(KVCacheError, match="cannot hold"):
+        cache.gather(1, [2, 0], 9)
+    with pytest.raises(KVCacheError, match="cannot hold"):
+        cache.gather(1, [[2, 0]], 1)
+    with pytest.raises(KVCacheError, match="layer"):
+        cache.gather(2, [2, 0], 6)
 
 
 def attention_case(lengths, block_size, kv_heads, group, dim, seed, dtype=torch.float32):
