@@ -1,7 +1,7 @@
 # GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md:318
+# %% chapters/12_fp8_kv_cache.md:319
 """An FP8 paged KV cache: e4m3 blocks with one scale per (slot, KV head)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from minipaged.engine import LLM as EngineLLM
 from minipaged.engine import EngineError
 from minipaged.kv_cache import (KVCacheError, PagedKVCache, _copy_between,
                                 _copy_blocks_kernel, _pairs)
-from minipaged.sizing import block_bytes
+from minipaged.sizing import block_bytes, ceil_div
 
 __all__ = [
     "FP8_DTYPE", "FP8_MAX", "KV_CACHE_DTYPES", "Fp8PagedKVCache", "fp8_supported",
@@ -44,7 +44,7 @@ def fp8_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# %% chapters/12_fp8_kv_cache.md:366
+# %% chapters/12_fp8_kv_cache.md:367
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` as e4m3 with one fp32 scale per row (``amax / 448``), in torch."""
     x = x.float()
@@ -66,7 +66,7 @@ def fp8_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     return 2 * num_layers * num_kv_heads * (head_dim + scale_bytes)
 
 
-# %% chapters/12_fp8_kv_cache.md:395
+# %% chapters/12_fp8_kv_cache.md:396
 class Fp8PagedKVCache(PagedKVCache):
     """A ``PagedKVCache`` whose blocks hold e4m3 values, each (slot, KV head) row of K
     and V with its own fp32 scale in ``scales[layer, 0|1, block, head, token]``.
@@ -97,7 +97,7 @@ class Fp8PagedKVCache(PagedKVCache):
     def __repr__(self) -> str:
         return "Fp8" + super().__repr__()
 
-    # %% chapters/12_fp8_kv_cache.md:527
+    # %% chapters/12_fp8_kv_cache.md:528
     def _checked_write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor, check_slots: bool | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +139,7 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md:628
+    # %% chapters/12_fp8_kv_cache.md:629
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each.
@@ -190,7 +190,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:853
+    # %% chapters/12_fp8_kv_cache.md:855
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -209,10 +209,12 @@ class Fp8PagedKVCache(PagedKVCache):
         query = query if query.stride(-1) == 1 else query.contiguous()
         block_tables = block_tables.contiguous()
         device, max_tokens = query.device, block_tables.shape[1] * self.block_size
-        if num_splits is None:
+        chosen = num_splits is None
+        if chosen:
             num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device)
         tile, num_warps, num_stages = _launch_config(head_dim, device, num_splits > 1)
-        tokens_per_split, num_splits = _split_ranges(max_tokens, num_splits, tile)
+        min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
+        _, num_splits = _split_ranges(max_tokens, num_splits, tile, min_split)
         dim_pad = triton.next_power_of_2(head_dim)
         part_out = part_ml = out                # unused without a split
         if num_splits > 1:
@@ -225,7 +227,7 @@ class Fp8PagedKVCache(PagedKVCache):
         _fp8_decode_kernel[(batch, self.num_kv_heads, num_splits)](
             query, self.key_cache(layer), self.value_cache(layer), self.scales[layer, 0],
             self.scales[layer, 1], block_tables, seq_lens, out, part_out, part_ml,
-            scale * math.log2(math.e), tokens_per_split, num_splits, group,
+            scale * math.log2(math.e), min_split, num_splits, group,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             block_tables.stride(0), *self.strides(), *self.scale_strides(),
             GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
@@ -240,7 +242,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:907
+    # %% chapters/12_fp8_kv_cache.md:911
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -266,7 +268,7 @@ class Fp8PagedKVCache(PagedKVCache):
         self._layer(layer)
 
 
-# %% chapters/12_fp8_kv_cache.md:455
+# %% chapters/12_fp8_kv_cache.md:456
 @triton.jit
 def _round_to_e4m3(x):
     """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even.
@@ -298,7 +300,7 @@ def _quantize_rows(x, FP8_MAX: tl.constexpr):
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
-# %% chapters/12_fp8_kv_cache.md:489
+# %% chapters/12_fp8_kv_cache.md:490
 @triton.jit
 def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                       v_scale_ptr, slot_ptr, num_slots, stride_kn, stride_kh,
@@ -330,7 +332,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:687
+# %% chapters/12_fp8_kv_cache.md:688
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -343,7 +345,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:756
+# %% chapters/12_fp8_kv_cache.md:757
 @triton.jit
 def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
                       scale_head_base, start, end, scale_log2, stride_block,
@@ -388,11 +390,11 @@ def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
     return m, l, acc
 
 
-# %% chapters/12_fp8_kv_cache.md:806
+# %% chapters/12_fp8_kv_cache.md:807
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
-        part_out_ptr, part_ml_ptr, scale_log2, tokens_per_split, num_splits, group,
+        part_out_ptr, part_ml_ptr, scale_log2, min_split, num_splits, group,
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head, stride_sblock, stride_shead,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
@@ -402,8 +404,9 @@ def _fp8_decode_kernel(
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     length = tl.load(lens_ptr + b)
-    start = split * tokens_per_split
-    end = tl.minimum(length, start + tokens_per_split)
+    per_split = tl.maximum(tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE, min_split)
+    start = split * per_split  # this sequence's own range, as in chapter 8
+    end = tl.minimum(length, start + per_split)
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
     row_ok = rows < group
@@ -428,7 +431,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:1000
+# %% chapters/12_fp8_kv_cache.md:1005
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized

@@ -165,6 +165,17 @@ def test_paged_attention_matches_the_dequantized_reference(block_size, kv_heads,
     assert (scaled - ref).abs().max() < 1e-4
 
 
+def test_wide_tables_and_ragged_lengths_change_nothing():
+    """Each program cuts its own sequence's length (chapter 8): a table as wide as a CUDA
+    graph's gives the same answer, whatever the split."""
+    query, cache, tables, lens = attention_case([3, 70, 1, 33], 4, 2, 4, 32, seed=5)
+    ref = paged_attention_reference(query, cache, 1, tables, lens)
+    wide = torch.cat([tables, tables[:, :1].expand(-1, 300)], 1)
+    for splits in (None, 3, 8):
+        out = cache.paged_attention(query, 1, wide, lens, num_splits=splits)
+        assert (out - ref).abs().max() < 1e-4, splits
+
+
 def test_paged_attention_fp16_query():
     query, cache, tables, lens = attention_case([5, 20], 4, 2, 2, 32, seed=3,
                                                 dtype=torch.float16)
