@@ -295,8 +295,8 @@ def _round_to_e4m3(x):
 def _quantize_rows(x, FP8_MAX: tl.constexpr):
     """Rows of ``x`` (fp32) as e4m3 values and their scales ``amax / FP8_MAX``."""
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
-    scaled = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX)     # saturate
+    scale = tl.where(amax > 0, tl.div_rn(amax, FP8_MAX), 1.0)  # IEEE, as torch divides
+    scaled = tl.clamp(tl.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX)  # saturate
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
