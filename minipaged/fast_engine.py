@@ -1,0 +1,352 @@
+# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/13_fast_engine.md:236
+"""A faster Qwen3 for the engine: fused glue kernels and fused projections.
+
+The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
+in one, QK-norm and RoPE in one, SiLU times the up projection in one, and one GEMM for
+q/k/v and one for gate/up. The KV cache is written and read through its own methods,
+so any cache with chapter 7's interface serves it. ``LLM`` is chapter 11's engine
+serving this model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import nn
+
+from minipaged.engine import LLM as EngineLLM
+from minipaged.kv_cache import PagedKVCache
+from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
+                             Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
+                             prefill_attention, rope_cos_sin)
+
+__all__ = [
+    "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
+    "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
+    "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
+]
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
+                           weight: torch.Tensor, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfused: ``residual + x``, then its RMSNorm (fp32 statistics) times ``weight``.
+
+    ``residual=None`` (the first layer) norms ``x`` itself. Returns ``(normed, new
+    residual)`` in ``x``'s dtype, as chapter 9's layer computes them.
+    """
+    residual = x if residual is None else residual + x
+    r32 = residual.float()
+    normed = r32 * torch.rsqrt(r32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype), residual
+
+
+# %% chapters/13_fast_engine.md:289
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
+                         stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
+                         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * HIDDEN + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / HIDDEN + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (x32 * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols,
+             (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_rms_norm_reference`` in one kernel, one program per row of ``x [N, H]``."""
+    if x.dim() != 2 or weight.shape != x.shape[-1:]:
+        raise ValueError(f"x must be [N, H] with weight [H], got {list(x.shape)} and "
+                         f"{list(weight.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must be like x {list(x.shape)}, got "
+                         f"{list(residual.shape)}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    out = torch.empty_like(x)
+    res_in, res_out = x, x
+    if residual is not None:
+        res_in = residual if residual.stride(-1) == 1 else residual.contiguous()
+        res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.shape[0]:
+        _add_rms_norm_kernel[(x.shape[0],)](
+            x, res_in, weight, out, res_out, eps, x.stride(0), res_in.stride(0),
+            out.stride(0), HIDDEN=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]),
+            HAS_RESIDUAL=residual is not None)
+    return out, res_out
+
+
+# %% chapters/13_fast_engine.md:418
+def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                           q_weight: torch.Tensor, k_weight: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unfused: split ``qkv [N, (Hq + 2 Hkv) D]``; RMSNorm and rotate q and k per head.
+
+    Returns ``q [N, Hq, D]``, ``k [N, Hkv, D]`` and ``v [N, Hkv, D]`` (a view).
+    """
+    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
+                         num_kv_heads * head_dim], dim=-1)
+    q, _ = add_rms_norm_reference(q.reshape(n, num_heads, head_dim), None, q_weight, eps)
+    k, _ = add_rms_norm_reference(k.reshape(n, num_kv_heads, head_dim), None, k_weight,
+                                  eps)
+    return (apply_rope(q, cos, sin), apply_rope(k, cos, sin),
+            v.view(n, num_kv_heads, head_dim))
+
+
+# %% chapters/13_fast_engine.md:446
+@triton.jit
+def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
+                     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                     HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """RMSNorm then RoPE of ``NUM_HEADS`` heads of one token (two half-tiles each)."""
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HALF_PAD)[None, :]
+    mask = (heads < NUM_HEADS) & (dims < HALF)
+    offs = heads * (2 * HALF) + dims
+    a = tl.load(src_ptr + offs, mask=mask, other=0.0)
+    dtype = a.dtype
+    a = a.to(tl.float32)
+    b = tl.load(src_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    mean_sq = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF)
+    rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]
+    w_a = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    w_b = tl.load(w_ptr + dims + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
+    a = ((a * rstd).to(dtype).to(tl.float32) * w_a).to(dtype).to(tl.float32)
+    b = ((b * rstd).to(dtype).to(tl.float32) * w_b).to(dtype).to(tl.float32)
+    tl.store(dst_ptr + offs, (a * cos - b * sin).to(dtype), mask=mask)
+    tl.store(dst_ptr + offs + HALF, (b * cos + a * sin).to(dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+                         stride_qkv, stride_cos, eps,
+                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                         Q_PAD: tl.constexpr, KV_PAD: tl.constexpr,
+                         HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    dims = tl.arange(0, HALF_PAD)[None, :]
+    cos = tl.load(cos_ptr + token * stride_cos + dims, mask=dims < HALF, other=0.0)
+    sin = tl.load(sin_ptr + token * stride_cos + dims, mask=dims < HALF, other=0.0)
+    cos, sin = cos.to(tl.float32), sin.to(tl.float32)
+    row = qkv_ptr + token * stride_qkv
+    _norm_rope_heads(row, q_ptr + token * NUM_HEADS * 2 * HALF, qw_ptr, cos, sin, eps,
+                     NUM_HEADS, Q_PAD, HALF, HALF_PAD)
+    _norm_rope_heads(row + NUM_HEADS * 2 * HALF, k_ptr + token * NUM_KV_HEADS * 2 * HALF,
+                     kw_ptr, cos, sin, eps, NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
+
+
+# %% chapters/13_fast_engine.md:493
+def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                 q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qk_norm_rope_reference`` in one kernel: one program per token, all its heads.
+
+    ``cos``/``sin`` are chapter 9's ``rope_cos_sin`` tables ``[N, D]`` (both halves
+    equal; the kernel reads the first).
+    """
+    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width or head_dim % 2:
+        raise ValueError(f"qkv must be [N, {width}] with an even head_dim, got "
+                         f"{list(qkv.shape)} and head_dim {head_dim}")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q = qkv.new_empty(n, num_heads, head_dim)
+    k = qkv.new_empty(n, num_kv_heads, head_dim)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
+    if n:
+        half = head_dim // 2
+        _qk_norm_rope_kernel[(n,)](
+            qkv, q, k, q_weight, k_weight, cos, sin, qkv.stride(0), cos.stride(0), eps,
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
+            Q_PAD=triton.next_power_of_2(num_heads),
+            KV_PAD=triton.next_power_of_2(num_kv_heads),
+            HALF=half, HALF_PAD=triton.next_power_of_2(half))
+    return q, k, v
+
+
+# %% chapters/13_fast_engine.md:581
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, INNER: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < INNER
+    gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0)
+    up = tl.load(gate_up_ptr + row * stride_in + INNER + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + row * INNER + cols, (act * up.to(tl.float32)).to(gate.dtype),
+             mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """``silu_mul_reference`` in one kernel over ``gate_up [N, 2I]``; returns [N, I]."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [N, 2I], got {list(gate_up.shape)}")
+    n, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    out = gate_up.new_empty(n, inner)
+    block = min(block, triton.next_power_of_2(inner))
+    if n:
+        _silu_mul_kernel[(n, triton.cdiv(inner, block))](
+            gate_up, out, gate_up.stride(0), INNER=inner, BLOCK=block)
+    return out
+
+
+# %% chapters/13_fast_engine.md:651
+def fuse_linears(*linears: nn.Linear) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
+
+    The weights (and biases) are concatenated once, into new tensors.
+    """
+    weight = torch.cat([linear.weight for linear in linears])
+    has_bias = linears[0].bias is not None
+    if any((linear.bias is not None) != has_bias for linear in linears):
+        raise ValueError("fuse_linears needs all linears with a bias or all without")
+    with torch.device("meta"):
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if has_bias:
+        fused.bias = nn.Parameter(torch.cat([linear.bias for linear in linears]),
+                                  requires_grad=False)
+    return fused
+
+
+def fused_weight_bytes(config, dtype_bytes: int) -> int:
+    """Bytes of the concatenated QKV and gate/up weights of all layers."""
+    c = config
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    per_layer = (qkv + 2 * c.intermediate_size) * c.hidden_size * dtype_bytes
+    return c.num_hidden_layers * per_layer
+
+
+# %% chapters/13_fast_engine.md:728
+class FastQwen3Attention(nn.Module):
+    """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
+
+    def __init__(self, attn: Qwen3PagedAttention) -> None:
+        super().__init__()
+        self.layer_idx = attn.layer_idx
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.head_dim, self.scale = attn.head_dim, attn.scale
+        self.qkv_proj = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o_proj, self.q_norm, self.k_norm = attn.o_proj, attn.q_norm, attn.k_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = qk_norm_rope(self.qkv_proj(x), self.num_heads, self.num_kv_heads,
+                               self.q_norm.weight, self.k_norm.weight, cos, sin,
+                               self.q_norm.eps)
+        cache.write(self.layer_idx, k, v, batch.slot_mapping)
+        if batch.is_decode:
+            o = paged_decode(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
+                             self.scale)
+        else:
+            o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+
+class FastQwen3MLP(nn.Module):
+    """SwiGLU with one gate/up GEMM and the fused SiLU · up kernel."""
+
+    def __init__(self, mlp: Qwen3PagedMLP) -> None:
+        super().__init__()
+        self.gate_up_proj = fuse_linears(mlp.gate_proj, mlp.up_proj)
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
+
+# %% chapters/13_fast_engine.md:775
+class FastQwen3Layer(nn.Module):
+    """Decoder layer whose residual adds are fused into the following RMSNorm."""
+
+    def __init__(self, layer: Qwen3PagedLayer) -> None:
+        super().__init__()
+        self.input_layernorm = layer.input_layernorm
+        self.self_attn = FastQwen3Attention(layer.self_attn)
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.mlp = FastQwen3MLP(layer.mlp)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``; their sum is chapter 9's layer output."""
+        norm = self.input_layernorm
+        x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+        x = self.self_attn(x, cos, sin, batch, cache)
+        norm = self.post_attention_layernorm
+        x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+        return self.mlp(x), residual
+
+
+# %% chapters/13_fast_engine.md:804
+class FastQwen3Model(Qwen3PagedModel):
+    """Chapter 9's model with fused glue kernels and fused projections, same outputs."""
+
+    @classmethod
+    def from_paged(cls, model: Qwen3PagedModel) -> FastQwen3Model:
+        """The fast twin of ``model``; every tensor not fused is shared with it."""
+        with torch.device("meta"):  # the layers are replaced below: build nothing real
+            fast = cls(model.config)
+        fast.embed_tokens, fast.norm = model.embed_tokens, model.norm
+        fast.lm_head = model.lm_head
+        fast.layers = nn.ModuleList(FastQwen3Layer(layer) for layer in model.layers)
+        fast.inv_freq = model.inv_freq
+        return fast.eval().requires_grad_(False)
+
+    @classmethod
+    def from_state_dict(cls, config, state_dict: dict[str, torch.Tensor]
+                        ) -> FastQwen3Model:
+        """Build from a transformers ``Qwen3ForCausalLM`` state dict (via chapter 9's)."""
+        return cls.from_paged(Qwen3PagedModel.from_state_dict(config, state_dict))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, cos, sin, batch, cache)
+        rows = batch.logits_indices
+        x, _ = add_rms_norm(x[rows], residual[rows], self.norm.weight, self.norm.eps)
+        return self.lm_head(x)
+
+
+# %% chapters/13_fast_engine.md:884
+class LLM(EngineLLM):
+    """Chapter 11's engine serving ``FastQwen3Model``: the fastest engine in the book."""
+
+    def _load(self, model, tokenizer, device):
+        model, tokenizer = super()._load(model, tokenizer, device)
+        if not isinstance(model, FastQwen3Model):
+            model = FastQwen3Model.from_paged(model)
+        return model, tokenizer
