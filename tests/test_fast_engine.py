@@ -274,3 +274,45 @@ def test_fast_engine_takes_a_fast_model_as_is(setup):
     llm = LLM(fast, block_size=4)
     assert llm.model is fast
     assert tokens(llm.generate(prompts[:2], GREEDY, use_tqdm=False)) == reference[:2]
+
+
+# -- the benchmark scripts (tiny sizes on the CPU; no timing is asserted) ----------------------
+
+def test_profile_engine_sorts_kernels_into_classes():
+    from benchmarks.profile_engine import kernel_class
+
+    names = {
+        "_paged_decode_kernel": "attention", "_merge_splits_kernel": "attention",
+        "pytorch_flash::flash_fwd_kernel": "attention",
+        "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NNT": "GEMM",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64": "GEMM",
+        "_add_rms_norm_kernel": "glue", "_qk_norm_rope_kernel": "glue", "_silu_mul_kernel": "glue",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "glue",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps<float>>>": "glue",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>": "glue",
+        "Memcpy HtoD (Pinned -> Device)": "copies", "Memset (Device)": "copies",
+        "_write_kv_kernel": "copies",
+        "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>": "copies",
+        "void at::native::index_elementwise_kernel": "glue",
+        "void at::native::argmax_kernel": "other",
+    }
+    for name, cls in names.items():
+        assert kernel_class(name) == cls, name
+
+
+def test_bench_fast_engine_kernels_quick_run(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_fast_engine.py"), "--quick",
+                           "--mode", "kernels", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "fused_kernels_cpu.json").read_text())
+    assert result["device"] == "cpu" and result["command"].startswith("python ")
+    kernels = {r["kernel"] for r in result["rows"]}
+    assert kernels == {"add_rms_norm", "qk_norm_rope", "silu_mul", "qkv_proj", "gate_up_proj"}
+    assert all(r["max_rel_error"] < 1e-5 for r in result["rows"])
