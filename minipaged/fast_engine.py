@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:236
+# %% chapters/13_fast_engine.md:244
 """A faster Qwen3 for the engine: fused glue kernels and fused projections.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -46,7 +46,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:289
+# %% chapters/13_fast_engine.md:297
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -90,7 +90,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:418
+# %% chapters/13_fast_engine.md:427
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -102,14 +102,15 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     n, head_dim = qkv.shape[0], q_weight.shape[0]
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
                          num_kv_heads * head_dim], dim=-1)
-    q, _ = add_rms_norm_reference(q.reshape(n, num_heads, head_dim), None, q_weight, eps)
-    k, _ = add_rms_norm_reference(k.reshape(n, num_kv_heads, head_dim), None, k_weight,
-                                  eps)
+    q = q.reshape(n, num_heads, head_dim)
+    k = k.reshape(n, num_kv_heads, head_dim)
+    q, _ = add_rms_norm_reference(q, None, q_weight, eps)
+    k, _ = add_rms_norm_reference(k, None, k_weight, eps)
     return (apply_rope(q, cos, sin), apply_rope(k, cos, sin),
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:446
+# %% chapters/13_fast_engine.md:456
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -147,11 +148,12 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
     row = qkv_ptr + token * stride_qkv
     _norm_rope_heads(row, q_ptr + token * NUM_HEADS * 2 * HALF, qw_ptr, cos, sin, eps,
                      NUM_HEADS, Q_PAD, HALF, HALF_PAD)
-    _norm_rope_heads(row + NUM_HEADS * 2 * HALF, k_ptr + token * NUM_KV_HEADS * 2 * HALF,
-                     kw_ptr, cos, sin, eps, NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
+    _norm_rope_heads(row + NUM_HEADS * 2 * HALF,
+                     k_ptr + token * NUM_KV_HEADS * 2 * HALF, kw_ptr, cos, sin, eps,
+                     NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:493
+# %% chapters/13_fast_engine.md:504
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -183,7 +185,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:581
+# %% chapters/13_fast_engine.md:593
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -219,7 +221,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:651
+# %% chapters/13_fast_engine.md:663
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -246,7 +248,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:728
+# %% chapters/13_fast_engine.md:740
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -266,8 +268,8 @@ class FastQwen3Attention(nn.Module):
                                self.q_norm.eps)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
-            o = paged_decode(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
-                             self.scale)
+            o = paged_decode(q, cache, self.layer_idx, batch.block_tables,
+                             batch.seq_lens, self.scale)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
@@ -285,7 +287,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:775
+# %% chapters/13_fast_engine.md:787
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -308,7 +310,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:804
+# %% chapters/13_fast_engine.md:816
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs."""
 
@@ -326,7 +328,7 @@ class FastQwen3Model(Qwen3PagedModel):
     @classmethod
     def from_state_dict(cls, config, state_dict: dict[str, torch.Tensor]
                         ) -> FastQwen3Model:
-        """Build from a transformers ``Qwen3ForCausalLM`` state dict (via chapter 9's)."""
+        """Build from a transformers ``Qwen3ForCausalLM`` state dict (chapter 9's)."""
         return cls.from_paged(Qwen3PagedModel.from_state_dict(config, state_dict))
 
     @torch.inference_mode()
@@ -341,9 +343,9 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:884
+# %% chapters/13_fast_engine.md:896
 class LLM(EngineLLM):
-    """Chapter 11's engine serving ``FastQwen3Model``: the fastest engine in the book."""
+    """Chapter 11's engine serving ``FastQwen3Model``: the book's fastest engine."""
 
     def _load(self, model, tokenizer, device):
         model, tokenizer = super()._load(model, tokenizer, device)
