@@ -14,9 +14,15 @@ i.e. the fast engine, against transformers, with and without CUDA graphs and und
 ``kernels``: each fused kernel and fused projection timed alone against its unfused reference, bf16, on
 Qwen3-0.6B's sizes (hidden 1024, 16/8 heads of 128, intermediate 3072) at a decode-sized batch (256
 tokens) and a prefill-sized one (8192 tokens), with triton's do_bench (median); the largest error of the
-fused output relative to the reference's range is recorded too. Writes DIR/fused_kernels_h200.json.
+fused output relative to the reference's range is recorded too. The paged prefill kernel is timed
+against chapter 9's SDPA loop on prompts of up to 512 new tokens, each after a 256-token cached prefix.
+Writes DIR/fused_kernels_h200.json.
 
-About 1.5 minutes for ``engines`` and under a minute for ``kernels`` on an H200. Without a GPU
+``--engines`` picks the engines (default all three: ``engine``, ``fast_engine`` and
+``fast_engine_sdpa_prefill``, the fast engine with chapter 9's prefill, so that the paged prefill
+kernel's share of the gain is measured too).
+
+About 2 minutes for ``engines`` and under a minute for ``kernels`` on an H200. Without a GPU
 (``--quick``): a tiny model and tiny shapes under the Triton interpreter, files ``*_cpu.json``.
 """
 
@@ -41,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity,  # noqa: E402
                                      qwen3_06b_config, roofline, sync, workload)
 
-ENGINES = ("engine", "fast_engine")
+ENGINES = ("engine", "fast_engine", "fast_engine_sdpa_prefill")
+"""chapter 11's engine; chapter 13's; chapter 13's with chapter 9's SDPA prefill (paged prefill off)"""
 
 
 def percentile(values, q):
@@ -68,7 +75,10 @@ def run_engine(name, args) -> dict:
     config = qwen3_06b_config(not on_gpu)
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
-    LLM = importlib.import_module(f"minipaged.{name}").LLM
+    LLM = importlib.import_module(f"minipaged.{name.removesuffix('_sdpa_prefill')}").LLM
+    if name.endswith("_sdpa_prefill"):
+        from minipaged.fast_engine import FastQwen3Model
+        FastQwen3Model.use_paged_prefill = False
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
@@ -80,7 +90,7 @@ def run_engine(name, args) -> dict:
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stats = llm.last_run_stats()
-    row = {"engine": name, "class": f"minipaged.{name}.LLM", "requests": num_requests,
+    row = {"engine": name, "class": f"{LLM.__module__}.LLM", "requests": num_requests,
            "output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
            "mean_ttft_s": statistics.mean(llm.stats.ttft) if llm.stats.ttft else None,
            "p50_tpot_s": percentile(llm.stats.tpot, 0.5),
@@ -130,13 +140,30 @@ def timer(on_gpu):
     return cpu_us
 
 
+def prefill_case(hq, hkv, d, block_size, dtype, device, count, prompt, context):
+    """``count`` prompts of ``prompt`` new tokens after ``context`` cached, in a shuffled pool."""
+    from minipaged.kv_cache import PagedKVCache
+    from minipaged.qwen3 import ForwardBatch
+
+    per_seq = -(-(prompt + context) // block_size)
+    cache = PagedKVCache(1, count * per_seq, block_size, hkv, d, dtype, device)
+    cache.storage.normal_()
+    order = torch.randperm(count * per_seq).view(count, per_seq).tolist()
+    batch = ForwardBatch.from_sequences([[0] * prompt] * count, [context] * count, order,
+                                        block_size, device)
+    q, k, v = (torch.randn(count * prompt, h, d, dtype=dtype, device=device) for h in (hq, hkv, hkv))
+    cache.write(0, k, v, batch.slot_mapping)
+    return q, k, v, batch, cache
+
+
 def kernel_cases(tokens, device, dtype, small):
     """(name, reference fn, fused fn, args, bytes the fused one must move) per kernel."""
     import torch.nn.functional as F
 
-    from minipaged.fast_engine import (add_rms_norm, add_rms_norm_reference, qk_norm_rope,
+    from minipaged.fast_engine import (add_rms_norm, add_rms_norm_reference,
+                                       paged_prefill_attention, qk_norm_rope,
                                        qk_norm_rope_reference, silu_mul, silu_mul_reference)
-    from minipaged.qwen3 import rope_cos_sin, rope_inv_freq
+    from minipaged.qwen3 import prefill_attention, rope_cos_sin, rope_inv_freq
 
     hidden, hq, hkv, d, inner = (64, 4, 2, 16, 128) if small else (1024, 16, 8, 128, 3072)
     e = torch.finfo(dtype).bits // 8
@@ -154,6 +181,10 @@ def kernel_cases(tokens, device, dtype, small):
     wg, wu = rand(inner, hidden), rand(inner, hidden)
     wgu = torch.cat([wg, wu])
     n_qk = tokens * (hq + hkv) * d
+    prompt = min(512, tokens)
+    pq, pk, pv, pbatch, pcache = prefill_case(hq, hkv, d, 16, dtype, device, tokens // prompt,
+                                              prompt, 256)
+    kv_read = 2 * (tokens // prompt) * (prompt + 256) * hkv * d * e
     return [
         ("add_rms_norm", add_rms_norm_reference, add_rms_norm, (x, r, w, 1e-6),
          4 * tokens * hidden * e + hidden * e),
@@ -168,6 +199,10 @@ def kernel_cases(tokens, device, dtype, small):
         ("gate_up_proj", lambda a: torch.cat([F.linear(a, wg), F.linear(a, wu)], -1),
          lambda a: F.linear(a, wgu), (x,), wgu.numel() * e,
          lambda a: (F.linear(a, wg), F.linear(a, wu))),
+        # prefill attention over a 256-token cached prefix: chapter 9's loop vs the paged kernel
+        ("paged_prefill", lambda q, k, v, b, c: prefill_attention(q, k, v, b, c, 0, d ** -0.5),
+         lambda q, k, v, b, c: paged_prefill_attention(q, c, 0, b, d ** -0.5),
+         (pq, pk, pv, pbatch, pcache), kv_read + 2 * pq.numel() * e),
     ]
 
 
@@ -213,6 +248,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--check", action="store_true", help="fp32 parity of minipaged.LLM first (GPU)")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help="comma-separated, from: " + ", ".join(ENGINES))
     parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)     # a child's engine
     parser.add_argument("--row-file", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -248,7 +285,7 @@ def main(argv=None) -> int:
             result["parity_fp32_4_layers"] = check_parity("cuda")
             print("parity:", json.dumps(result["parity_fp32_4_layers"]), flush=True)
             torch.cuda.empty_cache()
-        for name in ENGINES:
+        for name in args.engines.split(","):
             row = run_engine_in_child(name, args) if on_gpu else run_engine(name, args)
             result["rows"].append(row)
             ok &= "error" not in row
@@ -257,9 +294,9 @@ def main(argv=None) -> int:
                   f"TTFT {row['mean_ttft_s']:.2f} s  TPOT p50 {1e3 * row['p50_tpot_s']:.1f} ms  "
                   f"p99 {1e3 * row['p99_tpot_s']:.1f} ms"), flush=True)
             (out / f"fast_engine_{suffix}.json").write_text(json.dumps(result, indent=1))
-        rows = [r for r in result["rows"] if "error" not in r]
-        if len(rows) == 2 and rows[0]["first_tokens"] != rows[1]["first_tokens"]:
-            print("note: the two engines' first tokens differ (bf16 rounding can do that)")
+        firsts = {tuple(r["first_tokens"]) for r in result["rows"] if "error" not in r}
+        if len(firsts) > 1:
+            print("note: the engines' first tokens differ (bf16 rounding can do that)")
     return 0 if ok else 1
 
 

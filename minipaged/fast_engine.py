@@ -13,6 +13,9 @@ serving this model.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -28,6 +31,7 @@ from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
 __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
     "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
+    "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
     "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
 ]
 
@@ -46,7 +50,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:297
+# %% chapters/13_fast_engine.md:301
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -90,7 +94,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:427
+# %% chapters/13_fast_engine.md:431
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -110,7 +114,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:456
+# %% chapters/13_fast_engine.md:460
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -153,7 +157,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:504
+# %% chapters/13_fast_engine.md:508
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -185,7 +189,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:593
+# %% chapters/13_fast_engine.md:597
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -221,7 +225,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:663
+# %% chapters/13_fast_engine.md:667
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -248,7 +252,122 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:740
+# %% chapters/13_fast_engine.md:752
+@dataclass
+class PrefillPlan:
+    """Query tiles of a prefill batch: ``tile_seq[t]``/``tile_start[t]`` give tile ``t``'s
+    sequence and first new token; ``seq_meta`` [3, B] int32 holds per sequence its first
+    row in the flat token axis, its query length and its cached (context) length."""
+
+    tile_seq: torch.Tensor
+    tile_start: torch.Tensor
+    seq_meta: torch.Tensor
+    block_m: int
+
+    @classmethod
+    def for_batch(cls, batch: ForwardBatch, block_m: int) -> PrefillPlan:
+        seqs, starts = [], []
+        for i, q_len in enumerate(batch.query_lens):
+            for start in range(0, q_len, block_m):
+                seqs.append(i)
+                starts.append(start)
+        offsets = list(itertools.accumulate(batch.query_lens, initial=0))[:-1]
+        device = batch.input_ids.device
+        tiles = torch.tensor([seqs, starts], dtype=torch.int32)
+        meta = torch.tensor([offsets, list(batch.query_lens), list(batch.context_lens)],
+                            dtype=torch.int32)
+        tiles = tiles.to(device, non_blocking=True)
+        return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
+
+
+# %% chapters/13_fast_engine.md:790
+@triton.jit
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
+                          tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
+                          stride_qn, stride_qh, stride_on, stride_oh, stride_table,
+                          stride_block, stride_token, stride_head,
+                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                          BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, FP32_PRECISION: tl.constexpr):
+    tile, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+    first = tl.load(tile_start_ptr + tile)
+    q_offset = tl.load(meta_ptr + seq).to(tl.int64)
+    q_len = tl.load(meta_ptr + stride_meta + seq)
+    context = tl.load(meta_ptr + 2 * stride_meta + seq)
+    rows, dims = first + tl.arange(0, BLOCK_M), tl.arange(0, DIM_PAD)
+    io_mask = (rows < q_len)[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + (q_offset + rows)[:, None] * stride_qn + head * stride_qh
+                + dims[None, :], mask=io_mask, other=0.0)
+    q_pos = context + rows
+    kv_end = context + tl.minimum(first + BLOCK_M, q_len)  # the tile's last key + 1
+    head_base = (head // group) * stride_head
+    table_row = tables_ptr + seq * stride_table
+    m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    for start in range(0, kv_end, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < kv_end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        offsets = ((block * stride_block + (pos % BLOCK_SIZE) * stride_token)[:, None]
+                   + head_base + dims[None, :])
+        kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION) * scale_log2
+        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, -1.0e30)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision=FP32_PRECISION)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + (q_offset + rows)[:, None] * stride_on + head * stride_oh
+             + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+# %% chapters/13_fast_engine.md:846
+def prefill_tiles(device: torch.device) -> tuple[int, int]:
+    """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, 16 interpreted."""
+    return (64, 64) if device.type == "cuda" else (16, 16)
+
+
+def reads_pool_directly(cache: PagedKVCache, dtype: torch.dtype) -> bool:
+    """Whether ``paged_prefill_attention`` may read ``cache``'s storage as plain K/V."""
+    return (type(cache).gather is PagedKVCache.gather
+            and getattr(cache, "storage", None) is not None
+            and cache.storage.dtype == dtype)
+
+
+def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                            batch: ForwardBatch, scale: float,
+                            plan: PrefillPlan | None = None) -> torch.Tensor:
+    """``prefill_attention`` in one kernel, every key read from the pool.
+
+    ``query`` [N, Hq, D] are the batch's new tokens, whose K/V ``cache.write`` has
+    already stored; ``plan`` (built when None) cuts them into query tiles.
+    """
+    n, num_heads, head_dim = query.shape
+    block_m, block_n = prefill_tiles(query.device)
+    plan = plan or PrefillPlan.for_batch(batch, block_m)
+    out = torch.empty_like(query)
+    stride_block, stride_token, stride_head = cache.strides()
+    _paged_prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
+        query, cache.key_cache(layer), cache.value_cache(layer), out, batch.block_tables,
+        plan.tile_seq, plan.tile_start, plan.seq_meta, plan.seq_meta.stride(0),
+        scale * 1.4426950408889634, num_heads // cache.num_kv_heads,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        batch.block_tables.stride(0), stride_block, stride_token, stride_head,
+        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=cache.block_size, BLOCK_M=plan.block_m, BLOCK_N=block_n,
+        FP32_PRECISION="ieee" if query.dtype == torch.float32 else None)
+    return out
+
+
+# %% chapters/13_fast_engine.md:954
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -261,7 +380,9 @@ class FastQwen3Attention(nn.Module):
         self.o_proj, self.q_norm, self.k_norm = attn.o_proj, attn.q_norm, attn.k_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+                batch: ForwardBatch, cache: PagedKVCache,
+                plan: PrefillPlan | None = None) -> torch.Tensor:
+        """``plan`` given: prefill with the paged kernel; else chapter 9's paths."""
         n = x.shape[0]
         q, k, v = qk_norm_rope(self.qkv_proj(x), self.num_heads, self.num_kv_heads,
                                self.q_norm.weight, self.k_norm.weight, cos, sin,
@@ -270,6 +391,8 @@ class FastQwen3Attention(nn.Module):
         if batch.is_decode:
             o = paged_decode(q, cache, self.layer_idx, batch.block_tables,
                              batch.seq_lens, self.scale)
+        elif plan is not None:
+            o = paged_prefill_attention(q, cache, self.layer_idx, batch, self.scale, plan)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
@@ -287,7 +410,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:787
+# %% chapters/13_fast_engine.md:1005
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -299,20 +422,26 @@ class FastQwen3Layer(nn.Module):
         self.mlp = FastQwen3MLP(layer.mlp)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                sin: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+                plan: PrefillPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual)``; their sum is chapter 9's layer output."""
         norm = self.input_layernorm
         x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-        x = self.self_attn(x, cos, sin, batch, cache)
+        x = self.self_attn(x, cos, sin, batch, cache, plan)
         norm = self.post_attention_layernorm
         x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:816
+# %% chapters/13_fast_engine.md:1035
 class FastQwen3Model(Qwen3PagedModel):
-    """Chapter 9's model with fused glue kernels and fused projections, same outputs."""
+    """Chapter 9's model with fused glue kernels and fused projections, same outputs.
+
+    Prefill uses ``paged_prefill_attention`` when ``use_paged_prefill`` is true and the
+    cache qualifies (``reads_pool_directly``), chapter 9's ``prefill_attention`` else.
+    """
+
+    use_paged_prefill: bool = True
 
     @classmethod
     def from_paged(cls, model: Qwen3PagedModel) -> FastQwen3Model:
@@ -335,15 +464,18 @@ class FastQwen3Model(Qwen3PagedModel):
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
-        residual = None
+        residual, plan = None, None
+        if (not batch.is_decode and self.use_paged_prefill
+                and batch.block_tables is not None and reads_pool_directly(cache, x.dtype)):
+            plan = PrefillPlan.for_batch(batch, prefill_tiles(x.device)[0])
         for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, batch, cache)
+            x, residual = layer(x, residual, cos, sin, batch, cache, plan)
         rows = batch.logits_indices
         x, _ = add_rms_norm(x[rows], residual[rows], self.norm.weight, self.norm.eps)
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:896
+# %% chapters/13_fast_engine.md:1124
 class LLM(EngineLLM):
     """Chapter 11's engine serving ``FastQwen3Model``: the book's fastest engine."""
 

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 import minipaged
 import minipaged.fast_engine
 from minipaged.engine import LLM as EngineLLM
-from minipaged.fast_engine import (LLM, FastQwen3Model, add_rms_norm, add_rms_norm_reference,
-                                   fuse_linears, fused_weight_bytes, qk_norm_rope,
-                                   qk_norm_rope_reference, silu_mul, silu_mul_reference)
+from minipaged.fast_engine import (LLM, FastQwen3Model, PrefillPlan, add_rms_norm,
+                                   add_rms_norm_reference, fuse_linears, fused_weight_bytes,
+                                   paged_prefill_attention, qk_norm_rope, qk_norm_rope_reference,
+                                   reads_pool_directly, silu_mul, silu_mul_reference)
 from minipaged.kv_cache import PagedKVCache
-from minipaged.qwen3 import (Qwen3PagedModel, greedy_generate, random_qwen3, reference_greedy,
-                             rope_cos_sin, rope_inv_freq, tiny_qwen3_config)
+from minipaged.qwen3 import (ForwardBatch, Qwen3PagedModel, greedy_generate, prefill_attention,
+                             random_qwen3, reference_greedy, rope_cos_sin, rope_inv_freq,
+                             tiny_qwen3_config)
 from minipaged.scheduler import SamplingParams
 
 NEW = 6
@@ -123,6 +125,65 @@ def test_kernels_take_zero_tokens():
     assert silu_mul(torch.empty(0, 8)).shape == (0, 4)
 
 
+# -- the paged prefill kernel -------------------------------------------------------------------
+
+def prefill_case(hq, hkv, d, block_size, layout, dtype, query_lens, context_lens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pool = sum(-(-(q + c) // block_size) for q, c in zip(query_lens, context_lens)) + 8
+    cache = PagedKVCache(2, pool, block_size, hkv, d, dtype, "cpu", layout)
+    cache.storage.copy_(torch.randn(cache.storage.shape, generator=gen))
+    free = torch.randperm(pool, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-(q + c) // block_size))]
+              for q, c in zip(query_lens, context_lens)]
+    batch = ForwardBatch.from_sequences([[0] * q for q in query_lens], context_lens, tables,
+                                        block_size)
+    n = sum(query_lens)
+    q, k, v = (torch.randn(n, h, d, generator=gen).to(dtype) for h in (hq, hkv, hkv))
+    cache.write(1, k, v, batch.slot_mapping)
+    return q, k, v, batch, cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq, hkv, d, block_size, layout", [
+    (4, 2, 16, 4, "NHD"), (3, 1, 24, 3, "HND"), (2, 2, 8, 16, "NHD"), (6, 2, 12, 5, "HND")])
+def test_paged_prefill_matches_chapter_9s_prefill(dtype, hq, hkv, d, block_size, layout):
+    q, k, v, batch, cache = prefill_case(hq, hkv, d, block_size, layout, dtype,
+                                         [5, 17, 1, 33], [0, 6, 9, 20])
+    want = prefill_attention(q, k, v, batch, cache, 1, d ** -0.5)
+    got = paged_prefill_attention(q, cache, 1, batch, d ** -0.5)
+    assert rel_error(got, want) < (1e-5 if dtype == torch.float32 else 5e-3)
+
+
+@settings(max_examples=8, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=4),
+       block_size=st.sampled_from([1, 2, 3, 4, 16]), seed=st.integers(0, 100))
+def test_paged_prefill_random_batches(lens, block_size, seed):
+    q_lens, ctx = [a for a, _ in lens], [b for _, b in lens]
+    q, k, v, batch, cache = prefill_case(4, 2, 16, block_size, "NHD", torch.float32, q_lens, ctx,
+                                         seed)
+    want = prefill_attention(q, k, v, batch, cache, 1, 0.25)
+    got = paged_prefill_attention(q, cache, 1, batch, 0.25)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_plan_tiles_every_token_once():
+    batch = ForwardBatch.from_sequences([[0] * 5, [0] * 40, [0]], [0, 3, 9], [[0, 1], [2] * 11, [3] * 3], 4)
+    plan = PrefillPlan.for_batch(batch, 16)
+    assert plan.tile_seq.tolist() == [0, 1, 1, 1, 2] and plan.tile_start.tolist() == [0, 0, 16, 32, 0]
+    assert plan.seq_meta.tolist() == [[0, 5, 45], [5, 40, 1], [0, 3, 9]]
+
+
+def test_only_a_plain_cache_in_the_query_dtype_is_read_directly():
+    cache = PagedKVCache(1, 4, 4, 2, 16, torch.float32, "cpu")
+    assert reads_pool_directly(cache, torch.float32) and not reads_pool_directly(cache, torch.float16)
+
+    class OwnFormat(PagedKVCache):
+        def gather(self, *args, **kwargs):
+            return super().gather(*args, **kwargs)
+
+    assert not reads_pool_directly(OwnFormat(1, 4, 4, 2, 16, torch.float32, "cpu"), torch.float32)
+
+
 # -- fused projections ------------------------------------------------------------------------
 
 def test_fuse_linears_stacks_outputs_and_biases():
@@ -185,9 +246,14 @@ def test_fast_model_equals_chapter_9_token_for_token(config):
 
 
 class SpyCache(PagedKVCache):
-    """A cache with its own decode reader, as chapter 12's: the fast model must use it."""
+    """A cache with its own decode reader and gather, as chapter 12's: the fast model must use
+    them (and so keep chapter 9's prefill, which reads a prefix through ``gather``)."""
 
-    writes = reads = 0
+    writes = reads = gathers = 0
+
+    def gather(self, *args, **kwargs):
+        type(self).gathers += 1
+        return super().gather(*args, **kwargs)
 
     def write(self, *args, **kwargs):
         type(self).writes += 1
@@ -209,6 +275,24 @@ def test_fast_model_writes_and_reads_through_the_cache(setup):
     assert trace.tokens == reference
     assert SpyCache.writes == NEW * c.num_hidden_layers
     assert SpyCache.reads == (NEW - 1) * c.num_hidden_layers
+    shared = [prompts[2] + [7, 8], prompts[2] + [9]]
+    trace = greedy_generate(fast, cache, shared, 2, arrivals=[0, 1])   # the second reads a prefix
+    assert SpyCache.gathers > 0 and trace.tokens == reference_greedy(hf, shared, 2)[0]
+
+
+def test_paged_prefill_on_and_off_give_the_same_tokens(setup, monkeypatch):
+    hf, prompts, reference = setup
+    fast = FastQwen3Model.from_hf(hf)
+    calls = []
+    import minipaged.fast_engine as fe
+    original = fe.paged_prefill_attention
+    monkeypatch.setattr(fe, "paged_prefill_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    on = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
+    assert calls and on.tokens == reference
+    monkeypatch.setattr(FastQwen3Model, "use_paged_prefill", False)
+    calls.clear()
+    off = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
+    assert not calls and off.tokens == reference
 
 
 # -- the fast engine --------------------------------------------------------------------------
@@ -250,6 +334,13 @@ def test_fast_engine_preempts_and_outputs_do_not_change(setup, mode):
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     assert llm.last_run_stats()["preemptions"] > 0
     assert llm.manager.num_free_blocks == 24
+
+
+def test_fast_engine_chunked_prefill_reads_earlier_chunks_from_the_pool(setup):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, enable_chunked_prefill=True, max_num_batched_tokens=8,
+              check_invariants=True)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
 
 
 def test_fast_engine_cancellations_mid_run(setup):
@@ -314,5 +405,6 @@ def test_bench_fast_engine_kernels_quick_run(tmp_path):
     result = json.loads((tmp_path / "fused_kernels_cpu.json").read_text())
     assert result["device"] == "cpu" and result["command"].startswith("python ")
     kernels = {r["kernel"] for r in result["rows"]}
-    assert kernels == {"add_rms_norm", "qk_norm_rope", "silu_mul", "qkv_proj", "gate_up_proj"}
+    assert kernels == {"add_rms_norm", "qk_norm_rope", "silu_mul", "qkv_proj", "gate_up_proj",
+                       "paged_prefill"}
     assert all(r["max_rel_error"] < 1e-5 for r in result["rows"])
