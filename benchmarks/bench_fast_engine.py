@@ -76,9 +76,8 @@ def run_engine(name, args) -> dict:
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
     LLM = importlib.import_module(f"minipaged.{name.removesuffix('_sdpa_prefill')}").LLM
-    if name.endswith("_sdpa_prefill"):
-        from minipaged.fast_engine import FastQwen3Model
-        FastQwen3Model.use_paged_prefill = False
+    from minipaged.fast_engine import FastQwen3Model
+    FastQwen3Model.use_paged_prefill = not name.endswith("_sdpa_prefill")
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
@@ -103,6 +102,7 @@ def run_engine(name, args) -> dict:
     if on_gpu:
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     del llm, outputs
+    FastQwen3Model.use_paged_prefill = True
     gc.collect()
     return row
 
