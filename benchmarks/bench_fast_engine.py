@@ -8,8 +8,9 @@ uniform in 100-1024, 512 new tokens, EOS ignored, greedy): ``minipaged.engine.LL
 ``minipaged.fast_engine.LLM``, each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
 the memory roofline (bench_engine.roofline), mean TTFT, p50/p99 TPOT, steps, graph steps. Writes
-DIR/fast_engine_h200.json. ``--check`` first runs bench_engine's fp32 parity check (``minipaged.LLM``,
-i.e. the fast engine, against transformers, with and without CUDA graphs and under preemption).
+DIR/fast_engine_h200.json. ``--check`` (any mode) first runs bench_engine's fp32 parity check
+(``minipaged.LLM``, i.e. the fast engine, against transformers, with and without CUDA graphs and under
+preemption; about 30 s); its result goes into fast_engine_h200.json when the engines run.
 
 ``kernels``: each fused kernel and fused projection timed alone against its unfused reference, bf16, on
 Qwen3-0.6B's sizes (hidden 1024, 16/8 heads of 128, intermediate 3072) at a decode-sized batch (256
@@ -142,10 +143,11 @@ def timer(on_gpu):
 
 def prefill_case(hq, hkv, d, block_size, dtype, device, count, prompt, context):
     """``count`` prompts of ``prompt`` new tokens after ``context`` cached, in a shuffled pool."""
+    from minipaged.block_table import blocks_needed
     from minipaged.kv_cache import PagedKVCache
     from minipaged.qwen3 import ForwardBatch
 
-    per_seq = -(-(prompt + context) // block_size)
+    per_seq = blocks_needed(prompt + context, block_size)
     cache = PagedKVCache(1, count * per_seq, block_size, hkv, d, dtype, device)
     cache.storage.normal_()
     order = torch.randperm(count * per_seq).view(count, per_seq).tolist()
@@ -269,7 +271,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "h200" if on_gpu else "cpu"
-    ok = True
+    ok, parity = True, None
+    if args.check and on_gpu:
+        parity = check_parity("cuda")
+        ok &= all(r["identical"] for r in parity.values())
+        print("parity:", json.dumps(parity), flush=True)
+        torch.cuda.empty_cache()
     if args.mode in ("kernels", "both"):
         result = header(on_gpu, args) | {"rows": run_kernels(on_gpu, args.quick)}
         (out / f"fused_kernels_{suffix}.json").write_text(json.dumps(result, indent=1))
@@ -280,11 +287,8 @@ def main(argv=None) -> int:
                          "ignore_eos": True, "greedy": True,
                          "model": "random Qwen3-0.6B shape" if on_gpu else "tiny"},
             "isolation": "one process per engine" if on_gpu else "in one process",
-            "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH, "parity_fp32_4_layers": None, "rows": []}
-        if args.check and on_gpu:
-            result["parity_fp32_4_layers"] = check_parity("cuda")
-            print("parity:", json.dumps(result["parity_fp32_4_layers"]), flush=True)
-            torch.cuda.empty_cache()
+            "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH, "parity_fp32_4_layers": parity,
+            "rows": []}
         for name in args.engines.split(","):
             row = run_engine_in_child(name, args) if on_gpu else run_engine(name, args)
             result["rows"].append(row)
