@@ -256,9 +256,12 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
 # %% chapters/13_fast_engine.md:820
 @dataclass
 class PrefillPlan:
-    """Query tiles of a prefill batch: ``tile_seq[t]``/``tile_start[t]`` give tile ``t``'s
-    sequence and first new token; ``seq_meta`` [3, B] int32 holds per sequence its first
-    row in the flat token axis, its query length and its cached (context) length."""
+    """Query tiles of a prefill batch, and per sequence where its tokens are.
+
+    ``tile_seq[t]`` and ``tile_start[t]``: tile ``t``'s sequence and first new token.
+    ``seq_meta`` [3, B] int32: per sequence its first row in the flat token axis, its
+    query length and its cached (context) length.
+    """
 
     tile_seq: torch.Tensor
     tile_start: torch.Tensor
@@ -281,7 +284,7 @@ class PrefillPlan:
         return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:858
+# %% chapters/13_fast_engine.md:861
 @triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -330,9 +333,9 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:914
+# %% chapters/13_fast_engine.md:917
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
-    """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, 16 interpreted."""
+    """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
 
 
@@ -357,8 +360,9 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     out = torch.empty_like(query)
     stride_block, stride_token, stride_head = cache.strides()
     _paged_prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
-        query, cache.key_cache(layer), cache.value_cache(layer), out, batch.block_tables,
-        plan.tile_seq, plan.tile_start, plan.seq_meta, plan.seq_meta.stride(0),
+        query, cache.key_cache(layer), cache.value_cache(layer), out,
+        batch.block_tables, plan.tile_seq, plan.tile_start, plan.seq_meta,
+        plan.seq_meta.stride(0),
         scale * 1.4426950408889634, num_heads // cache.num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         batch.block_tables.stride(0), stride_block, stride_token, stride_head,
@@ -368,7 +372,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1023
+# %% chapters/13_fast_engine.md:1027
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -393,7 +397,8 @@ class FastQwen3Attention(nn.Module):
             o = paged_decode(q, cache, self.layer_idx, batch.block_tables,
                              batch.seq_lens, self.scale)
         elif plan is not None:
-            o = paged_prefill_attention(q, cache, self.layer_idx, batch, self.scale, plan)
+            o = paged_prefill_attention(q, cache, self.layer_idx, batch, self.scale,
+                                        plan)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
@@ -411,7 +416,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1074
+# %% chapters/13_fast_engine.md:1079
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -434,7 +439,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1104
+# %% chapters/13_fast_engine.md:1109
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -467,7 +472,8 @@ class FastQwen3Model(Qwen3PagedModel):
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
         residual, plan = None, None
         if (not batch.is_decode and self.use_paged_prefill
-                and batch.block_tables is not None and reads_pool_directly(cache, x.dtype)):
+                and batch.block_tables is not None
+                and reads_pool_directly(cache, x.dtype)):
             plan = PrefillPlan.for_batch(batch, prefill_tiles(x.device)[0])
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, batch, cache, plan)
@@ -476,7 +482,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1193
+# %% chapters/13_fast_engine.md:1199
 class LLM(EngineLLM):
     """Chapter 11's engine serving ``FastQwen3Model``: the book's fastest engine."""
 
