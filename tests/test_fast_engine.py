@@ -409,3 +409,13 @@ def test_bench_fast_engine_kernels_quick_run(tmp_path):
     assert kernels == {"add_rms_norm", "qk_norm_rope", "silu_mul", "qkv_proj", "gate_up_proj",
                        "paged_prefill"}
     assert all(r["max_rel_error"] < 1e-5 for r in result["rows"])
+
+
+def test_fast_engine_beam_search_and_seeded_sampling_match_chapter_11(setup):
+    hf, prompts, _ = setup
+    fast, base = LLM(hf, block_size=2), EngineLLM(hf, block_size=2)
+    ours, theirs = (e.beam_search(prompts[1], beam_width=3, max_tokens=4)[0] for e in (fast, base))
+    assert ours.sequences == theirs.sequences and ours.num_cow_copies == theirs.num_cow_copies
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4, ignore_eos=True)
+    ours, theirs = (e.generate([prompts[2]], params, use_tqdm=False)[0] for e in (fast, base))
+    assert [o.token_ids for o in ours.outputs] == [o.token_ids for o in theirs.outputs]
