@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:308
+# %% chapters/13_fast_engine.md:310
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -51,7 +51,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:366
+# %% chapters/13_fast_engine.md:368
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -95,7 +95,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:496
+# %% chapters/13_fast_engine.md:498
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -115,7 +115,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:525
+# %% chapters/13_fast_engine.md:527
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -158,7 +158,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:573
+# %% chapters/13_fast_engine.md:575
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -190,7 +190,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:662
+# %% chapters/13_fast_engine.md:664
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -226,7 +226,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:732
+# %% chapters/13_fast_engine.md:734
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -253,7 +253,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:820
+# %% chapters/13_fast_engine.md:822
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -284,7 +284,7 @@ class PrefillPlan:
         return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:861
+# %% chapters/13_fast_engine.md:863
 @triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -333,7 +333,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:917
+# %% chapters/13_fast_engine.md:919
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -372,7 +372,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1027
+# %% chapters/13_fast_engine.md:1029
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -416,7 +416,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1079
+# %% chapters/13_fast_engine.md:1081
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -439,7 +439,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1109
+# %% chapters/13_fast_engine.md:1111
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -482,7 +482,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1199
+# %% chapters/13_fast_engine.md:1201
 class LLM(EngineLLM):
     """Chapter 11's engine serving ``FastQwen3Model``: the book's fastest engine."""
 
