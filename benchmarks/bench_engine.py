@@ -92,7 +92,8 @@ def memory_row() -> dict:
 
 
 def run_minipaged(model, prompts, max_tokens, args):
-    from minipaged import LLM, SamplingParams
+    from minipaged import SamplingParams
+    from minipaged.engine import LLM  # chapter 11's engine: chapter 13 measures its own
 
     allocated_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
@@ -149,7 +150,8 @@ def set_attention(model, name):
 
 def check_parity(device) -> dict:
     """Greedy minipaged == transformers generate(do_sample=False), fp32, before any timing."""
-    from minipaged import LLM, SamplingParams
+    from minipaged import SamplingParams
+    from minipaged.engine import LLM
     from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, reference_greedy
 
     config = qwen3_0_6b_config(tie_word_embeddings=False, initializer_range=0.2, num_hidden_layers=4)

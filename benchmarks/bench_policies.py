@@ -40,7 +40,8 @@ def percentile(values, q):
 
 
 def new_engine(model, **options):
-    from minipaged import LLM, SamplingParams
+    from minipaged import SamplingParams
+    from minipaged.engine import LLM  # chapter 11's engine, whose policies chapter 10 compares
 
     llm = LLM(model, block_size=16, **options)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),

@@ -134,7 +134,7 @@ _PUBLIC = {
     "DecodeGraphs": "engine",
     "EngineError": "engine",
     "InvalidRequestError": "engine",
-    "LLM": "fp8_kv_cache",
+    "LLM": "fast_engine",
     "FP8_DTYPE": "fp8_kv_cache",
     "FP8_MAX": "fp8_kv_cache",
     "KV_CACHE_DTYPES": "fp8_kv_cache",
@@ -143,9 +143,25 @@ _PUBLIC = {
     "quantize_reference": "fp8_kv_cache",
     "dequantize_reference": "fp8_kv_cache",
     "fp8_bytes_per_token": "fp8_kv_cache",
+    "add_rms_norm_reference": "fast_engine",
+    "add_rms_norm": "fast_engine",
+    "qk_norm_rope_reference": "fast_engine",
+    "qk_norm_rope": "fast_engine",
+    "silu_mul_reference": "fast_engine",
+    "silu_mul": "fast_engine",
+    "fuse_linears": "fast_engine",
+    "fused_weight_bytes": "fast_engine",
+    "PrefillPlan": "fast_engine",
+    "prefill_tiles": "fast_engine",
+    "reads_pool_directly": "fast_engine",
+    "paged_prefill_attention": "fast_engine",
+    "FastQwen3Attention": "fast_engine",
+    "FastQwen3MLP": "fast_engine",
+    "FastQwen3Layer": "fast_engine",
+    "FastQwen3Model": "fast_engine",
 }
 
-__all__ = ['ATTENTION_TOLERANCE', 'BeamSearchOutput', 'BlockAddress', 'BlockEvent', 'BlockManagerError', 'BlockTable', 'BlockTableArray', 'BlockTableError', 'CompletionOutput', 'DTYPE_BYTES', 'DecodeGraphs', 'DoubleReleaseError', 'EngineError', 'FP8_DTYPE', 'FP8_MAX', 'FirstFitAllocator', 'ForwardBatch', 'Fp8PagedKVCache', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'InvalidRequestError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'KV_CACHE_DTYPES', 'LAYOUTS', 'LLM', 'LOGITS_TOLERANCE', 'LRUFreeBlockQueue', 'LiveSequences', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'PrefixCacheStats', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'RequestOutput', 'RunStats', 'SamplingParams', 'ScheduledChunk', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SchedulerOutput', 'Sequence', 'SequenceExistsError', 'SequenceState', 'SequenceStatus', 'SharingBlockManager', 'SimulationResult', 'StepPendingError', 'StepReservation', 'StepStats', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'TritonImportOrderError', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'add_to_class', 'apply_rope', 'attention_parity', 'beam_search_savings', 'block_bytes', 'block_size_sweep', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'ceil_div', 'chained_block_hash', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'dequantize_reference', 'fit_lognormal_mu', 'format_bytes', 'fp8_bytes_per_token', 'fp8_supported', 'generate_workload', 'glue', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'make_generator', 'memory_map', 'needs_new_block', 'pad_block_tables', 'paged_attention', 'paged_attention_reference', 'paged_decode', 'parallel_sampling_savings', 'parameter_count', 'physical_address', 'prefill_attention', 'quantize_reference', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'sample', 'simulate', 'slot_for', 'slot_to_address', 'slots_for_positions', 'slots_for_range', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
+__all__ = ['ATTENTION_TOLERANCE', 'BeamSearchOutput', 'BlockAddress', 'BlockEvent', 'BlockManagerError', 'BlockTable', 'BlockTableArray', 'BlockTableError', 'CompletionOutput', 'DTYPE_BYTES', 'DecodeGraphs', 'DoubleReleaseError', 'EngineError', 'FP8_DTYPE', 'FP8_MAX', 'FastQwen3Attention', 'FastQwen3Layer', 'FastQwen3MLP', 'FastQwen3Model', 'FirstFitAllocator', 'ForwardBatch', 'Fp8PagedKVCache', 'FreeBlockList', 'GreedyTrace', 'HubUnavailableError', 'InvalidRequestError', 'KVBlockManager', 'KVCacheError', 'KVShape', 'KV_CACHE_DTYPES', 'LAYOUTS', 'LLM', 'LOGITS_TOLERANCE', 'LRUFreeBlockQueue', 'LiveSequences', 'NoFreeBlocksError', 'POLICIES', 'PagedAttentionError', 'PagedKVCache', 'PrefillPlan', 'PrefixCacheStats', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedAttention', 'Qwen3PagedLayer', 'Qwen3PagedMLP', 'Qwen3PagedModel', 'RMSNorm', 'RequestOutput', 'RunStats', 'SamplingParams', 'ScheduledChunk', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SchedulerOutput', 'Sequence', 'SequenceExistsError', 'SequenceState', 'SequenceStatus', 'SharingBlockManager', 'SimulationResult', 'StepPendingError', 'StepReservation', 'StepStats', 'TeachingBlockManager', 'TraceFormatError', 'TraceRequest', 'TritonImportOrderError', 'UnknownSequenceError', 'UnsupportedConfigError', 'WORKLOADS', 'WorkloadSpec', 'add_rms_norm', 'add_rms_norm_reference', 'add_to_class', 'apply_rope', 'attention_parity', 'beam_search_savings', 'block_bytes', 'block_size_sweep', 'block_table_entries', 'blocks_in_budget', 'blocks_needed', 'by_device', 'ceil_div', 'chained_block_hash', 'choose_num_splits', 'clipped_lognormal_mean', 'compute_slot_mapping', 'copy_blocks_reference', 'default_device', 'dequantize_reference', 'fit_lognormal_mu', 'format_bytes', 'fp8_bytes_per_token', 'fp8_supported', 'fuse_linears', 'fused_weight_bytes', 'generate_workload', 'glue', 'greedy_generate', 'has_gpu', 'kv_bytes_per_token', 'kv_bytes_per_token_from_config', 'kv_shape_from_config', 'last_block_waste', 'load_hub_qwen3', 'locate', 'make_generator', 'memory_map', 'needs_new_block', 'pad_block_tables', 'paged_attention', 'paged_attention_reference', 'paged_decode', 'paged_prefill_attention', 'parallel_sampling_savings', 'parameter_count', 'physical_address', 'prefill_attention', 'prefill_tiles', 'qk_norm_rope', 'qk_norm_rope_reference', 'quantize_reference', 'qwen3_0_6b_config', 'random_qwen3', 'read_trace_csv', 'reads_pool_directly', 'reference_configs', 'reference_greedy', 'reservation_tokens', 'results_path', 'rope_cos_sin', 'rope_inv_freq', 'sample', 'silu_mul', 'silu_mul_reference', 'simulate', 'slot_for', 'slot_to_address', 'slots_for_positions', 'slots_for_range', 'tiny_qwen3_config', 'uses_triton_interpreter', 'write_kv_reference']
 
 
 def __getattr__(name):

@@ -4,7 +4,7 @@ sm89 (L4).
 Triton compiles for any target it knows, present or not. This script records the kernels'
 specializations (signature and constants) while it calls every kernel once through the package's
 public API on the card that is here (each cache dtype, head dims 64 and 128, decode attention with
-and without split-KV), then compiles each of them again for the readers' cards and writes what
+and without split-KV, chapter 13's fused kernels and paged prefill), then compiles each of them again for the readers' cards and writes what
 happened as JSON.
 
     python tools/compile_targets.py --out DIR        (on a machine with an NVIDIA GPU)
@@ -103,7 +103,34 @@ def exercise_kernels() -> None:
             teaching = getattr(decode_attention, "_paged_attention_v1", None)
             if teaching is not None:  # chapter 8's version 1
                 teaching(query, cache, 0, tables, lens)
+            exercise_fast_engine(dtype, head_dim)
     torch.cuda.synchronize()
+
+
+def exercise_fast_engine(dtype, head_dim: int) -> None:
+    """Chapter 13's fused kernels and paged prefill, when the package has them."""
+    import torch
+
+    try:
+        from minipaged import fast_engine
+    except ImportError:
+        return
+    from minipaged.kv_cache import PagedKVCache
+    from minipaged.qwen3 import ForwardBatch, rope_cos_sin, rope_inv_freq
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    x, ones = rand(5, 96), torch.ones(96, device="cuda", dtype=dtype)
+    fast_engine.add_rms_norm(x, None, ones, 1e-6)
+    fast_engine.add_rms_norm(x, rand(5, 96), ones, 1e-6)
+    gain = torch.ones(head_dim, device="cuda", dtype=dtype)
+    cos, sin = rope_cos_sin(torch.arange(5, device="cuda"), rope_inv_freq(head_dim, 1e4), dtype)
+    fast_engine.qk_norm_rope(rand(5, 12 * head_dim), 8, 2, gain, gain, cos, sin, 1e-6)
+    fast_engine.silu_mul(rand(5, 192))
+    cache = PagedKVCache(1, 8, 16, 2, head_dim, dtype=dtype, device="cuda")
+    batch = ForwardBatch.from_sequences([[0] * 20, [0] * 3], [0, 10], [[0, 1], [2]], 16, "cuda")
+    fast_engine.paged_prefill_attention(rand(23, 8, head_dim), cache, 0, batch, head_dim ** -0.5)
 
 
 def inlined_helpers(kernels: dict) -> dict[str, str]:

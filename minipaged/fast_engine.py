@@ -1,0 +1,495 @@
+# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/13_fast_engine.md:310
+"""A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
+
+The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
+in one, QK-norm and RoPE in one, SiLU times the up projection in one, one GEMM for
+q/k/v and one for gate/up, and prefill attention in one kernel that reads cached
+prefixes straight from the block pool. The KV cache is written through its own
+``write`` and decode reads go through ``paged_decode``, so any cache with chapter 7's
+interface serves it. ``LLM`` is chapter 11's engine serving this model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import nn
+
+from minipaged.engine import LLM as EngineLLM
+from minipaged.fp8_kv_cache import LLM as QuantizedCacheLLM
+from minipaged.kv_cache import PagedKVCache
+from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
+                             Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
+                             prefill_attention, rope_cos_sin)
+
+__all__ = [
+    "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
+    "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
+    "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
+    "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
+]
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
+                           weight: torch.Tensor, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfused: ``residual + x``, then its RMSNorm (fp32 statistics) times ``weight``.
+
+    ``residual=None`` (the first layer) norms ``x`` itself. Returns ``(normed, new
+    residual)`` in ``x``'s dtype, as chapter 9's layer computes them.
+    """
+    residual = x if residual is None else residual + x
+    r32 = residual.float()
+    normed = r32 * torch.rsqrt(r32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype), residual
+
+
+# %% chapters/13_fast_engine.md:369
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
+                         stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
+                         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * HIDDEN + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / HIDDEN + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (x32 * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols,
+             (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_rms_norm_reference`` in one kernel, one program per row of ``x [N, H]``."""
+    if x.dim() != 2 or weight.shape != x.shape[-1:]:
+        raise ValueError(f"x must be [N, H] with weight [H], got {list(x.shape)} and "
+                         f"{list(weight.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must be like x {list(x.shape)}, got "
+                         f"{list(residual.shape)}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    out = torch.empty_like(x)
+    res_in, res_out = x, x
+    if residual is not None:
+        res_in = residual if residual.stride(-1) == 1 else residual.contiguous()
+        res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.shape[0]:
+        _add_rms_norm_kernel[(x.shape[0],)](
+            x, res_in, weight, out, res_out, eps, x.stride(0), res_in.stride(0),
+            out.stride(0), HIDDEN=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]),
+            HAS_RESIDUAL=residual is not None)
+    return out, res_out
+
+
+# %% chapters/13_fast_engine.md:499
+def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                           q_weight: torch.Tensor, k_weight: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unfused: split ``qkv [N, (Hq + 2 Hkv) D]``; RMSNorm and rotate q and k per head.
+
+    Returns ``q [N, Hq, D]``, ``k [N, Hkv, D]`` and ``v [N, Hkv, D]`` (a view).
+    """
+    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
+                         num_kv_heads * head_dim], dim=-1)
+    q = q.reshape(n, num_heads, head_dim)
+    k = k.reshape(n, num_kv_heads, head_dim)
+    q, _ = add_rms_norm_reference(q, None, q_weight, eps)
+    k, _ = add_rms_norm_reference(k, None, k_weight, eps)
+    return (apply_rope(q, cos, sin), apply_rope(k, cos, sin),
+            v.view(n, num_kv_heads, head_dim))
+
+
+# %% chapters/13_fast_engine.md:528
+@triton.jit
+def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
+                     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                     HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """RMSNorm then RoPE of ``NUM_HEADS`` heads of one token (two half-tiles each)."""
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HALF_PAD)[None, :]
+    mask = (heads < NUM_HEADS) & (dims < HALF)
+    offs = heads * (2 * HALF) + dims
+    a = tl.load(src_ptr + offs, mask=mask, other=0.0)
+    dtype = a.dtype
+    a = a.to(tl.float32)
+    b = tl.load(src_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    mean_sq = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF)
+    rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]
+    w_a = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    w_b = tl.load(w_ptr + dims + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
+    a = ((a * rstd).to(dtype).to(tl.float32) * w_a).to(dtype).to(tl.float32)
+    b = ((b * rstd).to(dtype).to(tl.float32) * w_b).to(dtype).to(tl.float32)
+    tl.store(dst_ptr + offs, (a * cos - b * sin).to(dtype), mask=mask)
+    tl.store(dst_ptr + offs + HALF, (b * cos + a * sin).to(dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+                         stride_qkv, stride_cos, eps,
+                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                         Q_PAD: tl.constexpr, KV_PAD: tl.constexpr,
+                         HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    dims = tl.arange(0, HALF_PAD)[None, :]
+    cos = tl.load(cos_ptr + token * stride_cos + dims, mask=dims < HALF, other=0.0)
+    sin = tl.load(sin_ptr + token * stride_cos + dims, mask=dims < HALF, other=0.0)
+    cos, sin = cos.to(tl.float32), sin.to(tl.float32)
+    row = qkv_ptr + token * stride_qkv
+    _norm_rope_heads(row, q_ptr + token * NUM_HEADS * 2 * HALF, qw_ptr, cos, sin, eps,
+                     NUM_HEADS, Q_PAD, HALF, HALF_PAD)
+    _norm_rope_heads(row + NUM_HEADS * 2 * HALF,
+                     k_ptr + token * NUM_KV_HEADS * 2 * HALF, kw_ptr, cos, sin, eps,
+                     NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
+
+
+# %% chapters/13_fast_engine.md:576
+def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                 q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qk_norm_rope_reference`` in one kernel: one program per token, all its heads.
+
+    ``cos``/``sin`` are chapter 9's ``rope_cos_sin`` tables ``[N, D]`` (both halves
+    equal; the kernel reads the first).
+    """
+    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width or head_dim % 2:
+        raise ValueError(f"qkv must be [N, {width}] with an even head_dim, got "
+                         f"{list(qkv.shape)} and head_dim {head_dim}")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q = qkv.new_empty(n, num_heads, head_dim)
+    k = qkv.new_empty(n, num_kv_heads, head_dim)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
+    if n:
+        half = head_dim // 2
+        _qk_norm_rope_kernel[(n,)](
+            qkv, q, k, q_weight, k_weight, cos, sin, qkv.stride(0), cos.stride(0), eps,
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
+            Q_PAD=triton.next_power_of_2(num_heads),
+            KV_PAD=triton.next_power_of_2(num_kv_heads),
+            HALF=half, HALF_PAD=triton.next_power_of_2(half))
+    return q, k, v
+
+
+# %% chapters/13_fast_engine.md:665
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, INNER: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < INNER
+    gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0)
+    up = tl.load(gate_up_ptr + row * stride_in + INNER + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + row * INNER + cols, (act * up.to(tl.float32)).to(gate.dtype),
+             mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """``silu_mul_reference`` in one kernel over ``gate_up [N, 2I]``; returns [N, I]."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [N, 2I], got {list(gate_up.shape)}")
+    n, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    out = gate_up.new_empty(n, inner)
+    block = min(block, triton.next_power_of_2(inner))
+    if n:
+        _silu_mul_kernel[(n, triton.cdiv(inner, block))](
+            gate_up, out, gate_up.stride(0), INNER=inner, BLOCK=block)
+    return out
+
+
+# %% chapters/13_fast_engine.md:735
+def fuse_linears(*linears: nn.Linear) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
+
+    The weights (and biases) are concatenated once, into new tensors.
+    """
+    weight = torch.cat([linear.weight for linear in linears])
+    has_bias = linears[0].bias is not None
+    if any((linear.bias is not None) != has_bias for linear in linears):
+        raise ValueError("fuse_linears needs all linears with a bias or all without")
+    with torch.device("meta"):
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if has_bias:
+        fused.bias = nn.Parameter(torch.cat([linear.bias for linear in linears]),
+                                  requires_grad=False)
+    return fused
+
+
+def fused_weight_bytes(config, dtype_bytes: int) -> int:
+    """Bytes of the concatenated QKV and gate/up weights of all layers."""
+    c = config
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    per_layer = (qkv + 2 * c.intermediate_size) * c.hidden_size * dtype_bytes
+    return c.num_hidden_layers * per_layer
+
+
+# %% chapters/13_fast_engine.md:823
+@dataclass
+class PrefillPlan:
+    """Query tiles of a prefill batch, and per sequence where its tokens are.
+
+    ``tile_seq[t]`` and ``tile_start[t]``: tile ``t``'s sequence and first new token.
+    ``seq_meta`` [3, B] int32: per sequence its first row in the flat token axis, its
+    query length and its cached (context) length.
+    """
+
+    tile_seq: torch.Tensor
+    tile_start: torch.Tensor
+    seq_meta: torch.Tensor
+    block_m: int
+
+    @classmethod
+    def for_batch(cls, batch: ForwardBatch, block_m: int) -> PrefillPlan:
+        seqs, starts = [], []
+        for i, q_len in enumerate(batch.query_lens):
+            for start in range(0, q_len, block_m):
+                seqs.append(i)
+                starts.append(start)
+        offsets = list(itertools.accumulate(batch.query_lens, initial=0))[:-1]
+        device = batch.input_ids.device
+        tiles = torch.tensor([seqs, starts], dtype=torch.int32)
+        meta = torch.tensor([offsets, list(batch.query_lens), list(batch.context_lens)],
+                            dtype=torch.int32)
+        tiles = tiles.to(device, non_blocking=True)
+        return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
+
+
+# %% chapters/13_fast_engine.md:864
+@triton.jit
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
+                          tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
+                          stride_qn, stride_qh, stride_on, stride_oh, stride_table,
+                          stride_block, stride_token, stride_head,
+                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                          BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, FP32_PRECISION: tl.constexpr):
+    tile, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+    first = tl.load(tile_start_ptr + tile)
+    q_offset = tl.load(meta_ptr + seq).to(tl.int64)
+    q_len = tl.load(meta_ptr + stride_meta + seq)
+    context = tl.load(meta_ptr + 2 * stride_meta + seq)
+    rows, dims = first + tl.arange(0, BLOCK_M), tl.arange(0, DIM_PAD)
+    io_mask = (rows < q_len)[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + (q_offset + rows)[:, None] * stride_qn + head * stride_qh
+                + dims[None, :], mask=io_mask, other=0.0)
+    q_pos = context + rows
+    kv_end = context + tl.minimum(first + BLOCK_M, q_len)  # the tile's last key + 1
+    head_base = (head // group) * stride_head
+    table_row = tables_ptr + seq * stride_table
+    m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    for start in range(0, kv_end, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < kv_end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        offsets = ((block * stride_block + (pos % BLOCK_SIZE) * stride_token)[:, None]
+                   + head_base + dims[None, :])
+        kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION) * scale_log2
+        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, -1.0e30)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision=FP32_PRECISION)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + (q_offset + rows)[:, None] * stride_on + head * stride_oh
+             + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+# %% chapters/13_fast_engine.md:920
+def prefill_tiles(device: torch.device) -> tuple[int, int]:
+    """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
+    return (64, 64) if device.type == "cuda" else (16, 16)
+
+
+def reads_pool_directly(cache: PagedKVCache, dtype: torch.dtype) -> bool:
+    """Whether ``paged_prefill_attention`` may read ``cache``'s storage as plain K/V."""
+    return (type(cache).gather is PagedKVCache.gather
+            and getattr(cache, "storage", None) is not None
+            and cache.storage.dtype == dtype)
+
+
+def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                            batch: ForwardBatch, scale: float,
+                            plan: PrefillPlan | None = None) -> torch.Tensor:
+    """``prefill_attention`` in one kernel, every key read from the pool.
+
+    ``query`` [N, Hq, D] are the batch's new tokens, whose K/V ``cache.write`` has
+    already stored; ``plan`` (built when None) cuts them into query tiles.
+    """
+    n, num_heads, head_dim = query.shape
+    block_m, block_n = prefill_tiles(query.device)
+    plan = plan or PrefillPlan.for_batch(batch, block_m)
+    out = torch.empty_like(query)
+    stride_block, stride_token, stride_head = cache.strides()
+    _paged_prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
+        query, cache.key_cache(layer), cache.value_cache(layer), out,
+        batch.block_tables, plan.tile_seq, plan.tile_start, plan.seq_meta,
+        plan.seq_meta.stride(0),
+        scale * 1.4426950408889634, num_heads // cache.num_kv_heads,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        batch.block_tables.stride(0), stride_block, stride_token, stride_head,
+        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=cache.block_size, BLOCK_M=plan.block_m, BLOCK_N=block_n,
+        FP32_PRECISION="ieee" if query.dtype == torch.float32 else None)
+    return out
+
+
+# %% chapters/13_fast_engine.md:1030
+class FastQwen3Attention(nn.Module):
+    """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
+
+    def __init__(self, attn: Qwen3PagedAttention) -> None:
+        super().__init__()
+        self.layer_idx = attn.layer_idx
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.head_dim, self.scale = attn.head_dim, attn.scale
+        self.qkv_proj = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o_proj, self.q_norm, self.k_norm = attn.o_proj, attn.q_norm, attn.k_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, cache: PagedKVCache,
+                plan: PrefillPlan | None = None) -> torch.Tensor:
+        """``plan`` given: prefill with the paged kernel; else chapter 9's paths."""
+        n = x.shape[0]
+        q, k, v = qk_norm_rope(self.qkv_proj(x), self.num_heads, self.num_kv_heads,
+                               self.q_norm.weight, self.k_norm.weight, cos, sin,
+                               self.q_norm.eps)
+        cache.write(self.layer_idx, k, v, batch.slot_mapping)
+        if batch.is_decode:
+            o = paged_decode(q, cache, self.layer_idx, batch.block_tables,
+                             batch.seq_lens, self.scale)
+        elif plan is not None:
+            o = paged_prefill_attention(q, cache, self.layer_idx, batch, self.scale,
+                                        plan)
+        else:
+            o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+
+class FastQwen3MLP(nn.Module):
+    """SwiGLU with one gate/up GEMM and the fused SiLU · up kernel."""
+
+    def __init__(self, mlp: Qwen3PagedMLP) -> None:
+        super().__init__()
+        self.gate_up_proj = fuse_linears(mlp.gate_proj, mlp.up_proj)
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
+
+# %% chapters/13_fast_engine.md:1082
+class FastQwen3Layer(nn.Module):
+    """Decoder layer whose residual adds are fused into the following RMSNorm."""
+
+    def __init__(self, layer: Qwen3PagedLayer) -> None:
+        super().__init__()
+        self.input_layernorm = layer.input_layernorm
+        self.self_attn = FastQwen3Attention(layer.self_attn)
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.mlp = FastQwen3MLP(layer.mlp)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+                plan: PrefillPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``; their sum is chapter 9's layer output."""
+        norm = self.input_layernorm
+        x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+        x = self.self_attn(x, cos, sin, batch, cache, plan)
+        norm = self.post_attention_layernorm
+        x, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+        return self.mlp(x), residual
+
+
+# %% chapters/13_fast_engine.md:1112
+class FastQwen3Model(Qwen3PagedModel):
+    """Chapter 9's model with fused glue kernels and fused projections, same outputs.
+
+    Prefill uses ``paged_prefill_attention`` when ``use_paged_prefill`` is true and the
+    cache qualifies (``reads_pool_directly``), chapter 9's ``prefill_attention`` else.
+    """
+
+    use_paged_prefill: bool = True
+
+    @classmethod
+    def from_paged(cls, model: Qwen3PagedModel) -> FastQwen3Model:
+        """The fast twin of ``model``; every tensor not fused is shared with it."""
+        with torch.device("meta"):  # the layers are replaced below: build nothing real
+            fast = cls(model.config)
+        fast.embed_tokens, fast.norm = model.embed_tokens, model.norm
+        fast.lm_head = model.lm_head
+        fast.layers = nn.ModuleList(FastQwen3Layer(layer) for layer in model.layers)
+        fast.inv_freq = model.inv_freq
+        return fast.eval().requires_grad_(False)
+
+    @classmethod
+    def from_state_dict(cls, config, state_dict: dict[str, torch.Tensor]
+                        ) -> FastQwen3Model:
+        """Build from a transformers ``Qwen3ForCausalLM`` state dict (chapter 9's)."""
+        return cls.from_paged(Qwen3PagedModel.from_state_dict(config, state_dict))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
+        residual, plan = None, None
+        if (not batch.is_decode and self.use_paged_prefill
+                and batch.block_tables is not None
+                and reads_pool_directly(cache, x.dtype)):
+            plan = PrefillPlan.for_batch(batch, prefill_tiles(x.device)[0])
+        for layer in self.layers:
+            x, residual = layer(x, residual, cos, sin, batch, cache, plan)
+        rows = batch.logits_indices
+        x, _ = add_rms_norm(x[rows], residual[rows], self.norm.weight, self.norm.eps)
+        return self.lm_head(x)
+
+
+# %% chapters/13_fast_engine.md:1204
+class LLM(QuantizedCacheLLM):
+    """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
+    ``FastQwen3Model``: the book's fastest engine."""
+
+    def _load(self, model, tokenizer, device):
+        model, tokenizer = super()._load(model, tokenizer, device)
+        if not isinstance(model, FastQwen3Model):
+            model = FastQwen3Model.from_paged(model)
+        return model, tokenizer

@@ -1,0 +1,106 @@
+"""Checks for the chapter 13 exercises (exercises/ch13_fast_engine.py)."""
+
+import pytest
+import torch
+
+from minipaged.fast_engine import add_rms_norm_reference  # before triton: the interpreter switch
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from tests.exercises.answers import load
+
+ex = load("ch13_fast_engine")
+
+
+# -- 13.1: a fused RMSNorm for any hidden size, graded with planted bugs ---------------------
+
+def grade_rms_norm(fn, sizes=((1, 48), (3, 100), (2, 64), (4, 7), (2, 1))):
+    """Raise AssertionError unless ``fn(x, weight, eps)`` is RMSNorm of every row of ``x``."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        for n, hidden in sizes:
+            x = torch.randn(n, hidden, generator=gen).to(dtype)
+            w = torch.randn(hidden, generator=gen).to(dtype)
+            for eps in (1e-6, 1.0):
+                want = add_rms_norm_reference(x, None, w, eps)[0]
+                got = fn(x, w, eps)
+                assert got.shape == want.shape and got.dtype == dtype, "shape or dtype"
+                error = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+                assert error < tol, f"{dtype} [{n}, {hidden}] eps {eps}: error {error:.1e}"
+    big = torch.full((2, sizes[0][1]), 400.0, dtype=torch.float16)   # 400 * 400 > 65,504
+    ones = torch.ones(sizes[0][1], dtype=torch.float16)
+    got = fn(big, ones, 1e-6)
+    assert torch.allclose(got.float(), torch.ones_like(got.float()), atol=1e-2), \
+        "large fp16 values: the statistics overflow"
+
+
+@triton.jit
+def _planted_kernel(x_ptr, w_ptr, out_ptr, eps, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+                    BUG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    x = tl.load(x_ptr + row * HIDDEN + cols, mask=mask, other=0.0)
+    s = x.to(tl.float32) if BUG != 3 else x                  # 3: statistics in the input dtype
+    total = tl.sum(s * s, axis=0).to(tl.float32)
+    mean = total / BLOCK if BUG == 1 else total / HIDDEN     # 1: mean over the padded width
+    if BUG == 2:
+        rstd = 1.0 / (tl.sqrt(mean) + eps)                   # 2: epsilon outside the root
+    else:
+        rstd = 1.0 / tl.sqrt(mean + eps)
+    normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(x.dtype), mask=mask)
+
+
+def planted(bug):
+    def fn(x, weight, eps):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        _planted_kernel[(x.shape[0],)](x, weight, out, eps, HIDDEN=x.shape[1],
+                                       BLOCK=triton.next_power_of_2(x.shape[1]), BUG=bug)
+        return out
+    return fn
+
+
+def test_13_1_rms_norm():
+    grade_rms_norm(ex.rms_norm)
+
+
+def test_13_1_the_grader_passes_a_correct_kernel():
+    grade_rms_norm(planted(0))
+
+
+@pytest.mark.parametrize("bug", [1, 2, 3])
+def test_13_1_the_grader_rejects_planted_bugs(bug):
+    with pytest.raises(AssertionError):
+        grade_rms_norm(planted(bug))
+
+
+def test_13_1_a_padded_mean_hides_at_power_of_two_sizes():
+    grade_rms_norm(planted(1), sizes=((2, 64), (3, 16)))    # why the grader uses odd sizes
+
+
+# -- 13.2: what to fuse next --------------------------------------------------------------------
+
+def profile(host, **classes):
+    rows = []
+    for name, value in classes.items():
+        us, floor = value if isinstance(value, tuple) else (value, None)
+        row = {"class": name, "kernels_per_step": 10, "gpu_us_per_step": us}
+        if floor is not None:
+            row["floor_us_per_step"] = floor
+        rows.append(row)
+    return {"classes": rows, "host_us_per_step": host}
+
+
+def test_13_2_next_to_fuse():
+    # attention takes the most time but sits on its floor: the glue is worth more
+    assert ex.next_to_fuse(profile(500, attention=(5000, 4900), GEMM=(900, 800), glue=2000,
+                                   copies=300, other=100)) == "glue"
+    # the host time is paid while the GPU waits
+    assert ex.next_to_fuse(profile(2600, attention=(5000, 4900), GEMM=(900, 800), glue=2000,
+                                   copies=300, other=100)) == "host"
+    # far above its floor, attention is the target
+    assert ex.next_to_fuse(profile(100, attention=(9000, 3000), GEMM=(900, 800), glue=2000,
+                                   copies=300, other=100)) == "attention"
+    assert ex.next_to_fuse(profile(10, attention=(100, 90), GEMM=(3000, 500), glue=20)) == "GEMM"
