@@ -30,7 +30,7 @@ def test_the_profile_covers_every_class_of_a_decode_step():
 def test_the_fast_engine_is_measured_beside_chapter_11s_and_is_faster():
     data = _load("fast_engine_h200.json")
     rows = {r["engine"]: r for r in data["rows"]}
-    assert set(rows) == {"engine", "fast_engine"} and all("error" not in r for r in rows.values())
+    assert {"engine", "fast_engine"} <= set(rows) and all("error" not in r for r in rows.values())
     assert rows["engine"]["output_tokens"] == rows["fast_engine"]["output_tokens"]
     assert rows["fast_engine"]["tok_per_s"] > rows["engine"]["tok_per_s"]
     for row in rows.values():
