@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import minipaged.fast_engine
 from minipaged.engine import LLM, InvalidRequestError
 from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
@@ -25,16 +26,19 @@ def setup():
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+ENGINES = pytest.mark.parametrize("engine", [LLM, minipaged.fast_engine.LLM],
+                                  ids=["chapter 11", "chapter 13"])
 
 
 def tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@ENGINES
 @pytest.mark.parametrize("caching", [True, False])
-def test_greedy_equals_transformers(setup, caching):
+def test_greedy_equals_transformers(setup, caching, engine):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, enable_prefix_caching=caching, check_invariants=True)
+    llm = engine(hf, block_size=4, enable_prefix_caching=caching, check_invariants=True)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.prompt_token_ids for o in outputs] == prompts
     assert tokens(outputs) == reference
@@ -42,19 +46,21 @@ def test_greedy_equals_transformers(setup, caching):
     assert llm.manager.num_sequences == 0
 
 
-def test_prefix_caching_hits_and_keeps_outputs(setup):
+@ENGINES
+def test_prefix_caching_hits_and_keeps_outputs(setup, engine):
     hf, prompts, _ = setup
     shared = [prompts[2] + [7, 8, 9], prompts[2] + [10], prompts[2] + [11, 12]]
     reference, _ = reference_greedy(hf, shared, NEW)
-    llm = LLM(hf, block_size=4, max_num_seqs=1, check_invariants=True)
+    llm = engine(hf, block_size=4, max_num_seqs=1, check_invariants=True)
     assert tokens(llm.generate(shared, GREEDY, use_tqdm=False)) == reference
     assert llm.last_run_stats()["prefix_hit_rate"] > 0.5
 
 
+@ENGINES
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_tiny_cache_preempts_and_outputs_do_not_change(setup, mode):
+def test_tiny_cache_preempts_and_outputs_do_not_change(setup, mode, engine):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=2, num_blocks=24, preemption_mode=mode, check_invariants=True)
+    llm = engine(hf, block_size=2, num_blocks=24, preemption_mode=mode, check_invariants=True)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     assert llm.last_run_stats()["preemptions"] > 0
     assert llm.manager.num_free_blocks == 24

@@ -310,31 +310,8 @@ def test_the_package_llm_is_the_fast_engine():
     assert issubclass(LLM, EngineLLM) and LLM is not EngineLLM
 
 
-@pytest.mark.parametrize("caching", [True, False])
-def test_fast_engine_greedy_equals_transformers(setup, caching):
-    hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, enable_prefix_caching=caching, check_invariants=True)
-    assert isinstance(llm.model, FastQwen3Model)
-    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
-    assert llm.manager.num_sequences == 0
-
-
-def test_fast_engine_prefix_hits_keep_outputs(setup):
-    hf, prompts, _ = setup
-    shared = [prompts[2] + [7, 8, 9], prompts[2] + [10], prompts[2] + [11, 12]]
-    reference, _ = reference_greedy(hf, shared, NEW)
-    llm = LLM(hf, block_size=4, max_num_seqs=1, check_invariants=True)
-    assert tokens(llm.generate(shared, GREEDY, use_tqdm=False)) == reference
-    assert llm.last_run_stats()["prefix_hit_rate"] > 0.5
-
-
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_fast_engine_preempts_and_outputs_do_not_change(setup, mode):
-    hf, prompts, reference = setup
-    llm = LLM(hf, block_size=2, num_blocks=24, preemption_mode=mode, check_invariants=True)
-    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
-    assert llm.last_run_stats()["preemptions"] > 0
-    assert llm.manager.num_free_blocks == 24
+# Greedy parity with prefix caching on and off, prefix hits and preemption by recompute and
+# swap run for this engine too in tests/test_engine.py (parametrized over both engines).
 
 
 def test_fast_engine_chunked_prefill_reads_earlier_chunks_from_the_pool(setup):
