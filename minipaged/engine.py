@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1045
+    # %% chapters/11_engine.md:1051
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -404,7 +404,7 @@ class LLM:
                 finished.append(self._output(self._requests.pop(request_id)))
         return finished
 
-
+    # %% chapters/11_engine.md:718
     def _execute(self, out: SchedulerOutput, read):
         """Run a scheduled step (block moves, forward); return ``read(logits, samplers)``.
 
@@ -428,7 +428,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:751
+    # %% chapters/11_engine.md:757
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -461,7 +461,7 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:793
+    # %% chapters/11_engine.md:799
     def _run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -479,7 +479,7 @@ class LLM:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:819
+    # %% chapters/11_engine.md:825
     def _sample(self, logits, samplers) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
@@ -509,7 +509,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:861
+    # %% chapters/11_engine.md:867
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -567,12 +567,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1064
+    # %% chapters/11_engine.md:1070
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1129
+    # %% chapters/11_engine.md:1135
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -581,7 +581,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1168
+    # %% chapters/11_engine.md:1174
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -611,7 +611,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1329
+    # %% chapters/11_engine.md:1335
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -663,7 +663,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1390
+    # %% chapters/11_engine.md:1396
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -696,7 +696,7 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1561
+    # %% chapters/11_engine.md:1567
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -706,7 +706,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1314
+# %% chapters/11_engine.md:1320
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -719,7 +719,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1472
+# %% chapters/11_engine.md:1478
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -759,7 +759,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1518
+    # %% chapters/11_engine.md:1524
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],
