@@ -190,7 +190,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:855
+    # %% chapters/12_fp8_kv_cache.md:880
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -212,7 +212,8 @@ class Fp8PagedKVCache(PagedKVCache):
         chosen = num_splits is None
         if chosen:
             num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device)
-        tile, num_warps, num_stages = _launch_config(head_dim, device, num_splits > 1)
+        tile, num_warps, num_stages, dot_dtype = _fp8_launch_config(head_dim, device,
+                                                                    num_splits > 1)
         min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
         _, num_splits = _split_ranges(max_tokens, num_splits, tile, min_split)
         dim_pad = triton.next_power_of_2(head_dim)
@@ -223,16 +224,15 @@ class Fp8PagedKVCache(PagedKVCache):
             part_ml = torch.empty(*parts, 2, dtype=torch.float32, device=device)
         group = num_heads // self.num_kv_heads
         fp32 = query.dtype == torch.float32
-        scale = head_dim ** -0.5 if scale is None else scale
         _fp8_decode_kernel[(batch, self.num_kv_heads, num_splits)](
             query, self.key_cache(layer), self.value_cache(layer), self.scales[layer, 0],
             self.scales[layer, 1], block_tables, seq_lens, out, part_out, part_ml,
-            scale * math.log2(math.e), min_split, num_splits, group,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            (head_dim ** -0.5 if scale is None else scale) * math.log2(math.e), min_split,
+            num_splits, group, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             block_tables.stride(0), *self.strides(), *self.scale_strides(),
             GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad, BLOCK_SIZE=self.block_size, TILE=tile, SPLIT=num_splits > 1,
-            PV_DTYPE=tl.float32 if fp32 else tl.bfloat16,
+            DOT_DTYPE=tl.float32 if fp32 else dot_dtype,
             FP32_PRECISION="ieee" if fp32 else None,
             num_warps=num_warps, num_stages=num_stages)
         if num_splits > 1:
@@ -242,7 +242,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:911
+    # %% chapters/12_fp8_kv_cache.md:936
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -345,18 +345,19 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:757
+# %% chapters/12_fp8_kv_cache.md:763
 @triton.jit
-def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
-                      scale_head_base, start, end, scale_log2, stride_block,
-                      stride_token, stride_sblock,
+def _attend_fp8_tiles(q, q_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
+                      scale_head_base, start, end, stride_block, stride_token,
+                      stride_sblock,
                       GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                       DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                      TILE: tl.constexpr, PV_DTYPE: tl.constexpr,
+                      TILE: tl.constexpr, DOT_DTYPE: tl.constexpr,
                       FP32_PRECISION: tl.constexpr):
     """Chapter 8's online softmax over e4m3 K/V: ``q . (s_t k8_t) = s_t (q . k8_t)``
     and ``sum_t p_t s_t v8_t = sum_t (p_t s_t) v8_t``, so the scales multiply the
-    scores and the probabilities, never the tiles."""
+    scores and the probabilities, never the tiles. ``q`` (in ``DOT_DTYPE``) times
+    ``q_scale`` (fp32, per row) is the query times the softmax scale, base 2."""
     dims = tl.arange(0, DIM_PAD)
     dim_ok = dims < HEAD_DIM
     tokens = tl.arange(0, TILE)
@@ -373,24 +374,26 @@ def _attend_fp8_tiles(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
                    + head_base + dims[None, :])
         scale_offsets = block * stride_sblock + scale_head_base + in_block
         kv_mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         k_scale = tl.load(ks_ptr + scale_offsets, mask=valid, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION)
-        scores = scores * (k_scale * scale_log2)[None, :]
+        scores = scores * q_scale[:, None] * k_scale[None, :]
         scores = tl.where(valid[None, :], scores, -float("inf"))     # [GROUP_PAD, TILE]
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(PV_DTYPE)
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         v_scale = tl.load(vs_ptr + scale_offsets, mask=valid, other=0.0)
-        pv = (p * v_scale[None, :]).to(PV_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=FP32_PRECISION)
+        v_top = tl.max(v_scale, axis=0)         # > 0: a tile holds a written row
+        pv = (p * (v_scale / v_top)[None, :]).to(DOT_DTYPE)
+        pv_sum = tl.dot(pv, v, input_precision=FP32_PRECISION) * v_top
+        acc = acc * alpha[:, None] + pv_sum
         m = m_new
     return m, l, acc
 
 
-# %% chapters/12_fp8_kv_cache.md:807
+# %% chapters/12_fp8_kv_cache.md:816
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -399,7 +402,7 @@ def _fp8_decode_kernel(
         stride_block, stride_token, stride_head, stride_sblock, stride_shead,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-        PV_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -413,12 +416,14 @@ def _fp8_decode_kernel(
     heads = kv_head * group + rows
     out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=out_mask, other=0.0)
+                mask=out_mask, other=0.0).to(tl.float32)
+    q_top = tl.max(tl.abs(q), axis=1)                     # rows of at most 1 for fp16
+    q_top = tl.where(q_top > 0, q_top, 1.0)
     m, l, acc = _attend_fp8_tiles(
-        q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr + b * stride_table,
-        kv_head * stride_head, kv_head * stride_shead, start, end, scale_log2,
-        stride_block, stride_token, stride_sblock, GROUP_PAD, HEAD_DIM, DIM_PAD,
-        BLOCK_SIZE, TILE, PV_DTYPE, FP32_PRECISION)
+        (q / q_top[:, None]).to(DOT_DTYPE), q_top * scale_log2, k_ptr, v_ptr, ks_ptr,
+        vs_ptr, tables_ptr + b * stride_table, kv_head * stride_head,
+        kv_head * stride_shead, start, end, stride_block, stride_token, stride_sblock,
+        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, DOT_DTYPE, FP32_PRECISION)
     result = acc / tl.where(l > 0, l, 1.0)[:, None]
     if not SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
@@ -431,7 +436,17 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:1005
+# %% chapters/12_fp8_kv_cache.md:868
+def _fp8_launch_config(head_dim: int, device: torch.device,
+                       split: bool) -> tuple[int, int, int, tl.dtype]:
+    """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
+    decode kernel for bf16/fp16 queries; fp32 queries always use fp32."""
+    if device.type != "cuda":
+        return (*_launch_config(head_dim, device, split), tl.float32)
+    return (*_launch_config(head_dim, device, split), tl.float16)
+
+
+# %% chapters/12_fp8_kv_cache.md:1030
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized
