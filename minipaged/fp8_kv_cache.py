@@ -190,7 +190,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:880
+    # %% chapters/12_fp8_kv_cache.md:923
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -225,15 +225,17 @@ class Fp8PagedKVCache(PagedKVCache):
         group = num_heads // self.num_kv_heads
         fp32 = query.dtype == torch.float32
         _fp8_decode_kernel[(batch, self.num_kv_heads, num_splits)](
-            query, self.key_cache(layer), self.value_cache(layer), self.scales[layer, 0],
+            query, self.key_cache(layer), self.value_cache(layer).view(torch.int16),
+            self.scales[layer, 0],
             self.scales[layer, 1], block_tables, seq_lens, out, part_out, part_ml,
             (head_dim ** -0.5 if scale is None else scale) * math.log2(math.e), min_split,
-            num_splits, group, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            num_splits, group, query.stride(0), query.stride(1), out.stride(0),
+            out.stride(1),
             block_tables.stride(0), *self.strides(), *self.scale_strides(),
             GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad, BLOCK_SIZE=self.block_size, TILE=tile, SPLIT=num_splits > 1,
             DOT_DTYPE=tl.float32 if fp32 else dot_dtype,
-            FP32_PRECISION="ieee" if fp32 else None,
+            FP32_PRECISION="ieee" if fp32 else None, INTERPRETED=device.type != "cuda",
             num_warps=num_warps, num_stages=num_stages)
         if num_splits > 1:
             _merge_splits_kernel[(batch, num_heads)](
@@ -242,7 +244,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:936
+    # %% chapters/12_fp8_kv_cache.md:981
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -251,6 +253,9 @@ class Fp8PagedKVCache(PagedKVCache):
                                       + f"{self.head_dim}], got {list(query.shape)}")
         if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise PagedAttentionError(f"query must be fp32/fp16/bf16, got {query.dtype}")
+        if self.head_dim % 2:
+            raise PagedAttentionError(f"the kernel reads values in pairs of bytes: "
+                                      + f"head_dim must be even, got {self.head_dim}")
         batch = query.shape[0]
         if (block_tables.dim() != 2 or block_tables.shape[0] != batch
                 or block_tables.dtype != torch.int32):
@@ -345,64 +350,83 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:763
+# %% chapters/12_fp8_kv_cache.md:780
 @triton.jit
-def _attend_fp8_tiles(q, q_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, head_base,
-                      scale_head_base, start, end, stride_block, stride_token,
-                      stride_sblock,
+def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
+    """Words of two e4m3 values (int16) as (low bytes, high bytes): fp16 on a GPU,
+    fp32 under the interpreter; exact."""
+    if INTERPRETED:  # move the bits into fp16's fields: the value times 2**-8
+        low = ((pairs & 0x7F) << 7) | ((pairs & 0x80) << 8)
+        high = ((pairs >> 1) & 0x3F80) | (pairs & -0x8000)
+        return (low.to(tl.float16, bitcast=True).to(tl.float32) * 256.0,
+                high.to(tl.float16, bitcast=True).to(tl.float32) * 256.0)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
+        "=h,=h,h", [pairs], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+
+
+# %% chapters/12_fp8_kv_cache.md:797
+@triton.jit
+def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
+                      head_base, scale_head_base, start, end, stride_block,
+                      stride_token, stride_sblock,
                       GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                       DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                       TILE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                      FP32_PRECISION: tl.constexpr):
-    """Chapter 8's online softmax over e4m3 K/V: ``q . (s_t k8_t) = s_t (q . k8_t)``
-    and ``sum_t p_t s_t v8_t = sum_t (p_t s_t) v8_t``, so the scales multiply the
-    scores and the probabilities, never the tiles. ``q`` (in ``DOT_DTYPE``) times
-    ``q_scale`` (fp32, per row) is the query times the softmax scale, base 2."""
-    dims = tl.arange(0, DIM_PAD)
-    dim_ok = dims < HEAD_DIM
+                      FP32_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Chapter 8's online softmax over e4m3 K/V; the scales multiply scores and
+    probabilities. ``q`` times ``q_scale`` (per row) is the query times the softmax
+    scale, base 2. Returns ``m, l`` and the accumulators of the even and odd dims."""
+    dims, halves = tl.arange(0, DIM_PAD), tl.arange(0, DIM_PAD // 2)
     tokens = tl.arange(0, TILE)
     m = tl.full([GROUP_PAD], -float("inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    even = tl.zeros([GROUP_PAD, DIM_PAD // 2], dtype=tl.float32)
+    odd = tl.zeros([GROUP_PAD, DIM_PAD // 2], dtype=tl.float32)
     for tile_start in range(start, end, TILE):
         positions = tile_start + tokens
         valid = positions < end
         block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid,
                         other=0).to(tl.int64)
         in_block = positions % BLOCK_SIZE
-        offsets = ((block * stride_block + in_block * stride_token)[:, None]
-                   + head_base + dims[None, :])
+        rows = block * stride_block + in_block * stride_token + head_base
         scale_offsets = block * stride_sblock + scale_head_base + in_block
-        kv_mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        k = tl.load(k_ptr + rows[:, None] + dims[None, :],
+                    mask=valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
         k_scale = tl.load(ks_ptr + scale_offsets, mask=valid, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION)
+        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=FP32_PRECISION)
         scores = scores * q_scale[:, None] * k_scale[None, :]
         scores = tl.where(valid[None, :], scores, -float("inf"))     # [GROUP_PAD, TILE]
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        pair_ok = valid[:, None] & (halves < HEAD_DIM // 2)[None, :]
+        pairs = tl.load(v_pairs_ptr + rows[:, None] // 2 + halves[None, :],
+                        mask=pair_ok, other=0)
+        v_even, v_odd = _e4m3_pairs(pairs, INTERPRETED)
         v_scale = tl.load(vs_ptr + scale_offsets, mask=valid, other=0.0)
         v_top = tl.max(v_scale, axis=0)         # > 0: a tile holds a written row
         pv = (p * (v_scale / v_top)[None, :]).to(DOT_DTYPE)
-        pv_sum = tl.dot(pv, v, input_precision=FP32_PRECISION) * v_top
-        acc = acc * alpha[:, None] + pv_sum
+        even = even * alpha[:, None] + v_top * tl.dot(
+            pv, v_even.to(DOT_DTYPE), input_precision=FP32_PRECISION)
+        odd = odd * alpha[:, None] + v_top * tl.dot(
+            pv, v_odd.to(DOT_DTYPE), input_precision=FP32_PRECISION)
         m = m_new
-    return m, l, acc
+    return m, l, even, odd
 
 
-# %% chapters/12_fp8_kv_cache.md:816
+# %% chapters/12_fp8_kv_cache.md:853
 @triton.jit
 def _fp8_decode_kernel(
-        q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
+        q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
         part_out_ptr, part_ml_ptr, scale_log2, min_split, num_splits, group,
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head, stride_sblock, stride_shead,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr,
+        INTERPRETED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -410,43 +434,48 @@ def _fp8_decode_kernel(
     per_split = tl.maximum(tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE, min_split)
     start = split * per_split  # this sequence's own range, as in chapter 8
     end = tl.minimum(length, start + per_split)
-    rows = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, DIM_PAD)
+    rows, dims = tl.arange(0, GROUP_PAD), tl.arange(0, DIM_PAD)
     row_ok = rows < group
     heads = kv_head * group + rows
-    out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=out_mask, other=0.0).to(tl.float32)
-    q_top = tl.max(tl.abs(q), axis=1)                     # rows of at most 1 for fp16
+                mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+    q_top = tl.max(tl.abs(q.to(tl.float32)), axis=1)     # rows of at most 1 for fp16
     q_top = tl.where(q_top > 0, q_top, 1.0)
-    m, l, acc = _attend_fp8_tiles(
-        (q / q_top[:, None]).to(DOT_DTYPE), q_top * scale_log2, k_ptr, v_ptr, ks_ptr,
-        vs_ptr, tables_ptr + b * stride_table, kv_head * stride_head,
+    m, l, even, odd = _attend_fp8_tiles(
+        (q / q_top[:, None]).to(DOT_DTYPE), q_top * scale_log2, k_ptr, v_pairs_ptr,
+        ks_ptr, vs_ptr, tables_ptr + b * stride_table, kv_head * stride_head,
         kv_head * stride_shead, start, end, stride_block, stride_token, stride_sblock,
-        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, DOT_DTYPE, FP32_PRECISION)
-    result = acc / tl.where(l > 0, l, 1.0)[:, None]
+        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, DOT_DTYPE, FP32_PRECISION,
+        INTERPRETED)
+    norm = tl.where(l > 0, l, 1.0)[:, None]
+    halves = tl.arange(0, DIM_PAD // 2)[None, :]
+    mask = row_ok[:, None] & (halves < HEAD_DIM // 2)
     if not SPLIT:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                 result.to(out_ptr.dtype.element_ty), mask=out_mask)
+        dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + 2 * halves
+        tl.store(dst, (even / norm).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + 1, (odd / norm).to(out_ptr.dtype.element_ty), mask=mask)
     else:                                   # chapter 8's partial results, merged after
         part = (b * group * tl.num_programs(1) + heads) * num_splits + split
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result,
-                 mask=out_mask)
+        dst = part_out_ptr + part[:, None] * DIM_PAD + 2 * halves
+        tl.store(dst, even / norm, mask=mask)
+        tl.store(dst + 1, odd / norm, mask=mask)
         tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:868
+# %% chapters/12_fp8_kv_cache.md:909
 def _fp8_launch_config(head_dim: int, device: torch.device,
                        split: bool) -> tuple[int, int, int, tl.dtype]:
     """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
     decode kernel for bf16/fp16 queries; fp32 queries always use fp32."""
     if device.type != "cuda":
         return (*_launch_config(head_dim, device, split), tl.float32)
-    return (*_launch_config(head_dim, device, split), tl.float16)
+    if head_dim > 128:                  # a 256-token tile would outgrow shared memory
+        return 64, 4, 3, tl.float16
+    return 256, 4, 3, tl.float16             # measured on the H200, see below
 
 
-# %% chapters/12_fp8_kv_cache.md:1030
+# %% chapters/12_fp8_kv_cache.md:1078
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minipaged.fp8_kv_cache as fp8
+import triton
+import triton.language as tl
 from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
 from minipaged.engine import EngineError
@@ -183,6 +185,40 @@ def test_paged_attention_fp16_query():
     out = cache.paged_attention(query, 1, tables, lens)
     assert out.dtype == torch.float16
     assert ((out.float() - ref).norm() / ref.norm()) < 4 * 2 ** -8
+
+
+@triton.jit
+def _pairs_kernel(words_ptr, low_ptr, high_ptr, n, BLOCK: tl.constexpr,
+                  INTERPRETED: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    low, high = fp8._e4m3_pairs(tl.load(words_ptr + offsets, mask=mask), INTERPRETED)
+    tl.store(low_ptr + offsets, low.to(tl.float32), mask=mask)
+    tl.store(high_ptr + offsets, high.to(tl.float32), mask=mask)
+
+
+def test_e4m3_pairs_convert_every_word_exactly():
+    """Every int16 word of two finite e4m3 bytes gives both values exactly, low byte
+    first (the interpreter's bit moves on the CPU, the FP8 instruction on a GPU)."""
+    words = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+    as_bytes = words.view(torch.uint8).view(-1, 2).view(FP8_DTYPE).float()
+    keep = torch.isfinite(as_bytes).all(1)
+    words, expected = words[keep].to(DEVICE), as_bytes[keep]
+    low = torch.empty(len(words), device=DEVICE)
+    high = torch.empty_like(low)
+    _pairs_kernel[(triton.cdiv(len(words), 4096),)](
+        words, low, high, len(words), BLOCK=4096, INTERPRETED=DEVICE.type != "cuda")
+    assert len(words) == 254 * 254
+    assert torch.equal(low.cpu(), expected[:, 0]) and torch.equal(high.cpu(), expected[:, 1])
+
+
+def test_odd_head_dim_is_refused():
+    cache = Fp8PagedKVCache(1, 2, 4, 1, 3, DEVICE)
+    query = torch.randn(1, 1, 3, device=DEVICE)
+    tables = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(PagedAttentionError, match="head_dim must be even"):
+        cache.paged_attention(query, 0, tables, lens)
 
 
 def test_paged_attention_errors():
