@@ -14,7 +14,7 @@ Writes DIR/fp8_h200.json: {"device", "date", "command", "versions", "copy_bandwi
   model, bf16) with ``kv_cache_dtype="auto"`` and ``"fp8"``, one after the other in this process:
   output tokens/s, the blocks the cache got from the same memory, and how many generated tokens
   agree with the auto run's before the first difference.
-- ``check`` (``--check``): the chapter's correctness grid on the GPU (block sizes 1-32, GQA 1-8,
+- ``check`` (``--check``, after the kernel rows): the chapter's correctness grid on the GPU (block sizes 1-32, GQA 1-8,
   D 64/128, fp32/bf16 queries, 1/3/auto splits) against attention over the dequantized cache, and a
   CUDA-graph capture of write + decode compared with eager.
 
@@ -263,13 +263,13 @@ def main(argv=None) -> int:
         (out_dir / "fp8_h200.json").write_text(json.dumps(result, indent=1))
 
     ok = True
+    result["kernel"] = kernel_rows(args.quick, device)
+    save()
     if args.check:
         result["check"] = correctness_check(device, args.quick)
         ok = not result["check"]["failures"] and result["check"].get("cuda_graph_equal", True)
         print("check:", json.dumps(result["check"]), flush=True)
         save()
-    result["kernel"] = kernel_rows(args.quick, device)
-    save()
     if not args.skip_engine:
         result["engine"] = engine_rows(args, device)
         save()

@@ -212,8 +212,8 @@ class Fp8PagedKVCache(PagedKVCache):
         chosen = num_splits is None
         if chosen:
             num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device)
-        tile, num_warps, num_stages, dot_dtype = _fp8_launch_config(head_dim, device,
-                                                                    num_splits > 1)
+        tile, num_warps, num_stages, dot_dtype = _fp8_launch_config(
+            head_dim, device, num_splits > 1, query.dtype)
         min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
         _, num_splits = _split_ranges(max_tokens, num_splits, tile, min_split)
         dim_pad = triton.next_power_of_2(head_dim)
@@ -234,7 +234,7 @@ class Fp8PagedKVCache(PagedKVCache):
             block_tables.stride(0), *self.strides(), *self.scale_strides(),
             GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad, BLOCK_SIZE=self.block_size, TILE=tile, SPLIT=num_splits > 1,
-            DOT_DTYPE=tl.float32 if fp32 else dot_dtype,
+            DOT_DTYPE=dot_dtype,
             FP32_PRECISION="ieee" if fp32 else None, INTERPRETED=device.type != "cuda",
             num_warps=num_warps, num_stages=num_stages)
         if num_splits > 1:
@@ -464,15 +464,15 @@ def _fp8_decode_kernel(
 
 
 # %% chapters/12_fp8_kv_cache.md:909
-def _fp8_launch_config(head_dim: int, device: torch.device,
-                       split: bool) -> tuple[int, int, int, tl.dtype]:
+def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
+                       dtype: torch.dtype) -> tuple[int, int, int, tl.dtype]:
     """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
-    decode kernel for bf16/fp16 queries; fp32 queries always use fp32."""
-    if device.type != "cuda":
+    decode kernel for a query of ``dtype``."""
+    if device.type != "cuda" or dtype == torch.float32:    # fp32 tiles: chapter 8's
         return (*_launch_config(head_dim, device, split), tl.float32)
     if head_dim > 128:                  # a 256-token tile would outgrow shared memory
         return 64, 4, 3, tl.float16
-    return 256, 4, 3, tl.float16             # measured on the H200, see below
+    return 256, 4, 3, tl.float16        # measured on the H200, see below
 
 
 # %% chapters/12_fp8_kv_cache.md:1078
