@@ -190,7 +190,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:924
+    # %% chapters/12_fp8_kv_cache.md:943
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -244,7 +244,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:982
+    # %% chapters/12_fp8_kv_cache.md:1001
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -350,7 +350,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:781
+# %% chapters/12_fp8_kv_cache.md:800
 @triton.jit
 def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
     """Words of two e4m3 values (int16) as (low bytes, high bytes): fp16 on a GPU,
@@ -365,7 +365,7 @@ def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
         "=h,=h,h", [pairs], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
-# %% chapters/12_fp8_kv_cache.md:798
+# %% chapters/12_fp8_kv_cache.md:817
 @triton.jit
 def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
                       head_base, scale_head_base, start, end, stride_block,
@@ -416,7 +416,7 @@ def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
     return m, l, even, odd
 
 
-# %% chapters/12_fp8_kv_cache.md:854
+# %% chapters/12_fp8_kv_cache.md:873
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -463,7 +463,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:910
+# %% chapters/12_fp8_kv_cache.md:929
 def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
                        dtype: torch.dtype) -> tuple[int, int, int, tl.dtype]:
     """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
@@ -475,7 +475,7 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
     return 256, 4, 3, tl.float16        # measured on the H200, see below
 
 
-# %% chapters/12_fp8_kv_cache.md:1079
+# %% chapters/12_fp8_kv_cache.md:1098
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized

@@ -44,3 +44,14 @@ def test_bench_swap_copy_says_it_needs_a_gpu():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_swap_copy.py")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a GPU" in done.stdout
+
+
+def test_sweep_fp8_decode_says_it_needs_a_gpu_with_fp8(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script measures instead")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sweep_fp8_decode.py"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a GPU with FP8" in done.stdout
+    assert not any(tmp_path.iterdir())
