@@ -25,6 +25,7 @@ from torch import nn
 
 from minipaged.engine import LLM as EngineLLM
 from minipaged.fp8_kv_cache import LLM as QuantizedCacheLLM
+from minipaged.fp8_kv_cache import Fp8PagedKVCache
 from minipaged.kv_cache import PagedKVCache
 from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
                              Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
@@ -52,7 +53,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:369
+# %% chapters/13_fast_engine.md:370
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -96,7 +97,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:499
+# %% chapters/13_fast_engine.md:500
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -116,7 +117,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:528
+# %% chapters/13_fast_engine.md:529
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -159,7 +160,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:576
+# %% chapters/13_fast_engine.md:577
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -191,7 +192,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:665
+# %% chapters/13_fast_engine.md:666
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -227,7 +228,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:735
+# %% chapters/13_fast_engine.md:736
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -254,7 +255,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:823
+# %% chapters/13_fast_engine.md:824
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -285,15 +286,17 @@ class PrefillPlan:
         return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:864
+# %% chapters/13_fast_engine.md:865
 @triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
                           stride_qn, stride_qh, stride_on, stride_oh, stride_table,
-                          stride_block, stride_token, stride_head,
+                          stride_block, stride_token, stride_head, ks_ptr, vs_ptr,
+                          stride_sblock, stride_shead,
                           HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                           BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, FP32_PRECISION: tl.constexpr):
+                          BLOCK_N: tl.constexpr, FP32_PRECISION: tl.constexpr,
+                          FP8: tl.constexpr):
     tile, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
     first = tl.load(tile_start_ptr + tile)
@@ -318,15 +321,21 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
         offsets = ((block * stride_block + (pos % BLOCK_SIZE) * stride_token)[:, None]
                    + head_base + dims[None, :])
         kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
-        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION) * scale_log2
+        if FP8:  # chapter 12's per-(slot, head) scales: on scores and probabilities
+            scales = (block * stride_sblock + (head // group) * stride_shead
+                      + pos % BLOCK_SIZE)
+            s = s * tl.load(ks_ptr + scales, mask=valid, other=0.0)[None, :]
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, -1.0e30)
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        if FP8:
+            p = p * tl.load(vs_ptr + scales, mask=valid, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v,
                                             input_precision=FP32_PRECISION)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
@@ -334,14 +343,17 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:920
+# %% chapters/13_fast_engine.md:933
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
 
 
 def reads_pool_directly(cache: PagedKVCache, dtype: torch.dtype) -> bool:
-    """Whether ``paged_prefill_attention`` may read ``cache``'s storage as plain K/V."""
+    """Whether ``paged_prefill_attention`` may read ``cache``'s storage: plain K/V in
+    ``dtype``, or chapter 12's e4m3 blocks with their scales."""
+    if type(cache) is Fp8PagedKVCache:
+        return True
     return (type(cache).gather is PagedKVCache.gather
             and getattr(cache, "storage", None) is not None
             and cache.storage.dtype == dtype)
@@ -360,20 +372,23 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     plan = plan or PrefillPlan.for_batch(batch, block_m)
     out = torch.empty_like(query)
     stride_block, stride_token, stride_head = cache.strides()
+    fp8 = type(cache) is Fp8PagedKVCache
+    scales = (cache.scales[layer, 0], cache.scales[layer, 1]) if fp8 else (out, out)
     _paged_prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
         query, cache.key_cache(layer), cache.value_cache(layer), out,
         batch.block_tables, plan.tile_seq, plan.tile_start, plan.seq_meta,
         plan.seq_meta.stride(0),
         scale * 1.4426950408889634, num_heads // cache.num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        batch.block_tables.stride(0), stride_block, stride_token, stride_head,
+        batch.block_tables.stride(0), stride_block, stride_token, stride_head, *scales,
+        *(cache.scale_strides() if fp8 else (0, 0)),
         HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=cache.block_size, BLOCK_M=plan.block_m, BLOCK_N=block_n,
-        FP32_PRECISION="ieee" if query.dtype == torch.float32 else None)
+        FP32_PRECISION="ieee" if query.dtype == torch.float32 else None, FP8=fp8)
     return out
 
 
-# %% chapters/13_fast_engine.md:1030
+# %% chapters/13_fast_engine.md:1084
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -417,7 +432,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1082
+# %% chapters/13_fast_engine.md:1136
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -440,7 +455,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1112
+# %% chapters/13_fast_engine.md:1166
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -483,7 +498,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1205
+# %% chapters/13_fast_engine.md:1258
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""

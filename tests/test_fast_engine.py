@@ -400,7 +400,7 @@ def test_fast_engine_beam_search_and_seeded_sampling_match_chapter_11(setup):
 
 def test_the_fast_engine_serves_an_fp8_cache_too():
     """Chapter 13's LLM subclasses chapter 12's: kv_cache_dtype='fp8' composes with the fused
-    model (its prefill falls back to the cache's own gather)."""
+    model, whose paged prefill kernel reads the e4m3 blocks and their scales."""
     from minipaged.fp8_kv_cache import Fp8PagedKVCache
 
     hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
@@ -411,4 +411,30 @@ def test_the_fast_engine_serves_an_fp8_cache_too():
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
-    assert [o[0] for o in outputs] == [r[0] for r in reference]  # the prefill's token: exact
+    assert [o[0] for o in outputs] == [r[0] for r in reference]  # the prefill's token
+
+
+def test_fp8_prefill_reads_the_pool_so_prefix_hits_change_nothing(monkeypatch):
+    """With the e4m3 cache the paged prefill kernel reads every key quantized, cached or
+    new: prefix caching on and off give the same tokens, and chapter 9's prefill (which
+    would attend over the new tokens unquantized) is never called."""
+    import minipaged.fast_engine as fast_engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("chapter 9's prefill_attention was called")
+
+    monkeypatch.setattr(fast_engine, "prefill_attention", refuse)
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
+    prompts = [shared + [7, 7], shared + [8], shared + [9, 9, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    runs = {}
+    for caching in (False, True):
+        llm = minipaged.LLM(hf, block_size=4, kv_cache_dtype="fp8",
+                            enable_prefix_caching=caching, check_invariants=True)
+        first = llm.generate(prompts[:1], params, use_tqdm=False)   # fills the cache
+        rest = llm.generate(prompts[1:], params, use_tqdm=False)
+        runs[caching] = ([o.outputs[0].token_ids for o in first + rest],
+                         llm.last_run_stats()["prefix_hit_rate"])
+    assert runs[True][1] > 0.5 and runs[False][1] == 0
+    assert runs[True][0] == runs[False][0]
