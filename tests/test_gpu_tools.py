@@ -77,3 +77,40 @@ def test_compile_targets_finds_every_kernel_and_its_inlined_helpers():
     for name in ("kv_cache._write_kv_kernel", "decode_attention._paged_decode_kernel"):
         assert name in kernels
     assert "decode_attention._attend_tiles" in helpers  # compiled inside its callers
+
+
+def test_compile_targets_skips_e4m3_specializations_before_sm89():
+    """A kernel that serves both caches (chapter 13's prefill) is compiled for every card
+    with bf16 K/V, and for sm89 only with chapter 12's e4m3 K/V: compiled here, no GPU."""
+    import subprocess
+
+    code = """
+import sys; sys.path[:0] = ['tools', '.']
+import json, triton, compile_targets as ct
+from triton.compiler import ASTSource
+kernel = ct.find_kernels()['fast_engine._paged_prefill_kernel']
+def spec(kv, scale):
+    ptrs = {'q_ptr': '*bf16', 'k_ptr': kv, 'v_ptr': kv, 'out_ptr': '*bf16', 'ks_ptr': scale,
+            'vs_ptr': scale}
+    consts = dict(HEAD_DIM=64, DIM_PAD=64, BLOCK_SIZE=16, BLOCK_M=16, BLOCK_N=16,
+                  FP32_PRECISION=None, FP8=kv != '*bf16')
+    sig = {n: ptrs.get(n, 'constexpr' if n in consts else 'fp32' if n == 'scale_log2'
+                       else '*i32' if n.endswith('_ptr') else 'i32') for n in kernel.arg_names}
+    src = ASTSource(fn=kernel, signature=sig,
+                    constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    return src, {'num_warps': 4}
+ct.REAL_COMPILE = triton.compile
+both = dict(enumerate([spec('*bf16', '*bf16'), spec('*fp8e4nv', '*fp32')]))
+report = ct.compile_for_targets({'bf16_and_fp8': both, 'fp8_only': {0: both[1]}}, {})
+print(json.dumps(report))
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["bf16_and_fp8"] == {"specializations": 2, "sm75": "ok", "sm80": "ok",
+                                      "sm89": "ok"}
+    assert report["fp8_only"]["sm89"] == "ok"
+    assert report["fp8_only"]["sm75"].startswith("n/a") and report["fp8_only"]["sm80"] == \
+        report["fp8_only"]["sm75"]
