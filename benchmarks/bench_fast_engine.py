@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fast_engine.py --out DIR [--mode engines|kernels|both] [--quick]
                                            [--num-requests N] [--max-tokens T] [--check]
+                                           [--workload course|nanovllm]
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
 uniform in 100-1024, 512 new tokens, EOS ignored, greedy): ``minipaged.engine.LLM`` and
@@ -19,6 +20,10 @@ fused output relative to the reference's range is recorded too. The paged prefil
 against chapter 9's SDPA loop on prompts of up to 512 new tokens, each after a 256-token cached prefix.
 Writes DIR/fused_kernels_h200.json.
 
+``--workload nanovllm`` replaces the course workload with nano-vllm's benchmark: 256 requests, prompts
+uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), EOS ignored, sampled at
+temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
+
 ``--engines`` picks the engines (default all three: ``engine``, ``fast_engine`` and
 ``fast_engine_sdpa_prefill``, the fast engine with chapter 9's prefill, so that the paged prefill
 kernel's share of the gain is measured too).
@@ -34,6 +39,7 @@ import datetime as dt
 import gc
 import importlib
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -66,6 +72,18 @@ def workload_spec(args, on_gpu):
     return num_requests, max_tokens, lo, hi
 
 
+def sampling(args, num_requests, max_tokens):
+    """Per-request SamplingParams of the chosen workload (course: greedy, all ``max_tokens``)."""
+    from minipaged.scheduler import SamplingParams
+
+    if args.workload == "course":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    rng = random.Random(1)
+    lo, hi = (100, 1024) if torch.cuda.is_available() and not args.quick else (4, 16)
+    return [SamplingParams(temperature=0.6, seed=i, max_tokens=rng.randint(lo, hi),
+                           ignore_eos=True) for i in range(num_requests)]
+
+
 def run_engine(name, args) -> dict:
     """One engine on the seeded model and the workload, in this process."""
     from minipaged.scheduler import SamplingParams
@@ -82,7 +100,7 @@ def run_engine(name, args) -> dict:
     llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = sampling(args, num_requests, max_tokens)
     sync()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -112,7 +130,8 @@ def run_engine_in_child(name, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         row_file = Path(tmp) / "row.json"
         command = [sys.executable, __file__, "--engine", name, "--row-file", str(row_file),
-                   "--max-num-seqs", str(args.max_num_seqs)] + ["--quick"] * args.quick
+                   "--max-num-seqs", str(args.max_num_seqs), "--workload", args.workload,
+                   ] + ["--quick"] * args.quick
         for flag, value in (("--num-requests", args.num_requests), ("--max-tokens", args.max_tokens)):
             if value is not None:
                 command += [flag, str(value)]
@@ -250,6 +269,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--check", action="store_true", help="fp32 parity of minipaged.LLM first (GPU)")
+    parser.add_argument("--workload", choices=["course", "nanovllm"], default="course",
+                        help="course: 512 new tokens each, greedy; nanovllm: 100-1024, T=0.6")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help="comma-separated, from: " + ", ".join(ENGINES))
     parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)     # a child's engine
@@ -283,8 +304,9 @@ def main(argv=None) -> int:
     if args.mode in ("engines", "both"):
         num_requests, max_tokens, lo, hi = workload_spec(args, on_gpu)
         result = header(on_gpu, args) | {
-            "workload": {"requests": num_requests, "prompt_len": [lo, hi], "max_tokens": max_tokens,
-                         "ignore_eos": True, "greedy": True,
+            "workload": {"name": args.workload, "requests": num_requests, "prompt_len": [lo, hi],
+                         "max_tokens": max_tokens if args.workload == "course" else "per request",
+                         "ignore_eos": True, "greedy": args.workload == "course",
                          "model": "random Qwen3-0.6B shape" if on_gpu else "tiny"},
             "isolation": "one process per engine" if on_gpu else "in one process",
             "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH, "parity_fp32_4_layers": parity,
@@ -297,7 +319,8 @@ def main(argv=None) -> int:
                   f"{row['tok_per_s']:>9,.0f} tok/s  roofline {row['roofline_fraction']:.0%}  "
                   f"TTFT {row['mean_ttft_s']:.2f} s  TPOT p50 {1e3 * row['p50_tpot_s']:.1f} ms  "
                   f"p99 {1e3 * row['p99_tpot_s']:.1f} ms"), flush=True)
-            (out / f"fast_engine_{suffix}.json").write_text(json.dumps(result, indent=1))
+            name_part = "" if args.workload == "course" else f"_{args.workload}"
+            (out / f"fast_engine{name_part}_{suffix}.json").write_text(json.dumps(result, indent=1))
         firsts = {tuple(r["first_tokens"]) for r in result["rows"] if "error" not in r}
         if len(firsts) > 1:
             print("note: the engines' first tokens differ (bf16 rounding can do that)")

@@ -388,6 +388,26 @@ def test_bench_fast_engine_kernels_quick_run(tmp_path):
     assert all(r["max_rel_error"] < 1e-5 for r in result["rows"])
 
 
+def test_bench_fast_engine_workloads():
+    """The course workload is greedy with one length; nano-vllm's samples at T=0.6 with
+    lengths drawn per request, the same on every run."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_fast_engine import parse_args, sampling
+
+    course = sampling(parse_args(["--quick"]), 8, 16)
+    assert course.temperature == 0.0 and course.max_tokens == 16 and course.ignore_eos
+    args = parse_args(["--quick", "--workload", "nanovllm"])
+    drawn = sampling(args, 50, 16)
+    assert drawn == sampling(args, 50, 16) and len(drawn) == 50
+    lengths = {p.max_tokens for p in drawn}
+    assert min(lengths) >= 4 and max(lengths) <= 16 and len(lengths) > 5
+    assert all(p.temperature == 0.6 and p.ignore_eos for p in drawn)
+
+
 def test_fast_engine_beam_search_and_seeded_sampling_match_chapter_11(setup):
     hf, prompts, _ = setup
     fast, base = LLM(hf, block_size=2), EngineLLM(hf, block_size=2)
