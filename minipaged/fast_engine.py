@@ -286,8 +286,8 @@ class PrefillPlan:
         return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:865
-@triton.jit
+# %% chapters/13_fast_engine.md:872
+@triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
                           stride_qn, stride_qh, stride_on, stride_oh, stride_table,
@@ -343,7 +343,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:933
+# %% chapters/13_fast_engine.md:940
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -388,7 +388,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1084
+# %% chapters/13_fast_engine.md:1091
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -432,7 +432,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1136
+# %% chapters/13_fast_engine.md:1143
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -455,7 +455,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1166
+# %% chapters/13_fast_engine.md:1173
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -498,7 +498,72 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1259
+# %% chapters/13_fast_engine.md:1294
+@triton.jit
+def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    key = tl.load(keys_ptr + row)
+    inv_temp = tl.load(inv_temp_ptr + row)  # 0: a greedy row
+    noisy = inv_temp > 0
+    scale = tl.where(noisy, inv_temp, 1.0)
+    best = tl.full([BLOCK], -float("inf"), dtype=tl.float32)
+    best_index = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, vocab, BLOCK):
+        index = start + tl.arange(0, BLOCK)
+        inside = index < vocab
+        x = tl.load(logits_ptr + row * stride_row + index, mask=inside,
+                    other=-float("inf")).to(tl.float32)
+        gumbel = -tl.log(-tl.log(tl.rand(key, index)))
+        score = tl.where(inside, x * scale + tl.where(noisy, gumbel, 0.0), -float("inf"))
+        better = score > best  # strict: a lane keeps its first maximum
+        best = tl.where(better, score, best)
+        best_index = tl.where(better, index, best_index)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, best_index, vocab), axis=0))
+
+
+def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
+                 keys: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits [B, V]``: argmax of ``logit * inv_temperature`` plus
+    Gumbel noise from Philox keyed by ``keys[row]``; rows with ``inv_temperature == 0``
+    take the plain argmax."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    tokens = torch.empty(rows, dtype=torch.int32, device=logits.device)
+    block = 4096 if logits.is_cuda else 256
+    _gumbel_argmax_kernel[(rows,)](logits, keys, inv_temperature, tokens, logits.stride(0),
+                                   vocab, BLOCK=min(block, triton.next_power_of_2(vocab)))
+    return tokens
+
+
+# %% chapters/13_fast_engine.md:1342
+POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
+
+
+def fused_sampling_applies(params: list, vocab: int) -> bool:
+    """Whether ``sample_fused`` can serve these rows: no top-k, no top-p."""
+    return all(p.greedy or ((p.top_k <= 0 or p.top_k >= vocab) and p.top_p >= 1.0)
+               for p in params)
+
+
+def sampling_inputs(seqs: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: 1 / temperature (0 when greedy) and the Philox key, on ``device``."""
+    keys = torch.randint(0, 2**62, (len(seqs),), dtype=torch.int64)
+    inv_temperature = torch.empty(len(seqs), dtype=torch.float32)
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        inv_temperature[row] = 0.0 if p.greedy else 1.0 / p.temperature
+        if p.seed is not None:
+            seed = (p.seed + seq.sample_index) % 2 ** (62 - POSITION_BITS)
+            position = len(seq.output_token_ids) % 2**POSITION_BITS
+            keys[row] = (seed << POSITION_BITS) | position
+    return (inv_temperature.to(device, non_blocking=True),
+            keys.to(device, non_blocking=True))
+
+
+# %% chapters/13_fast_engine.md:1438
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
@@ -508,3 +573,13 @@ class LLM(QuantizedCacheLLM):
         if not isinstance(model, FastQwen3Model):
             model = FastQwen3Model.from_paged(model)
         return model, tokenizer
+
+    def _sample(self, logits, samplers) -> list:
+        """One kernel for the step's rows, unless one of them needs top-k or top-p."""
+        seqs = [child or seq for seq, child in samplers]
+        params = [s.params for s in seqs]
+        if (not seqs or all(p.greedy for p in params)
+                or not fused_sampling_applies(params, logits.shape[1])):
+            return super()._sample(logits, samplers)
+        tokens = sample_fused(logits, *sampling_inputs(seqs, logits.device))
+        return list(zip(samplers, tokens.tolist()))

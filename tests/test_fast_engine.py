@@ -408,14 +408,48 @@ def test_bench_fast_engine_workloads():
     assert all(p.temperature == 0.6 and p.ignore_eos for p in drawn)
 
 
-def test_fast_engine_beam_search_and_seeded_sampling_match_chapter_11(setup):
+def test_fast_engine_beam_search_and_top_p_sampling_match_chapter_11(setup):
+    """Beam search and a top-p request go through chapter 11's code: the same tokens."""
     hf, prompts, _ = setup
     fast, base = LLM(hf, block_size=2), EngineLLM(hf, block_size=2)
     ours, theirs = (e.beam_search(prompts[1], beam_width=3, max_tokens=4)[0] for e in (fast, base))
     assert ours.sequences == theirs.sequences and ours.num_cow_copies == theirs.num_cow_copies
-    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4, ignore_eos=True)
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=5, max_tokens=4,
+                            ignore_eos=True)
     ours, theirs = (e.generate([prompts[2]], params, use_tqdm=False)[0] for e in (fast, base))
     assert [o.token_ids for o in ours.outputs] == [o.token_ids for o in theirs.outputs]
+
+
+def test_fused_sampling_seeded_requests_ignore_the_batch(setup, monkeypatch):
+    """A seeded request draws the same tokens alone and beside other requests (seeded,
+    unseeded, greedy), through sample_fused and never chapter 11's sampler."""
+    hf, prompts, _ = setup
+    monkeypatch.setattr(minipaged.fast_engine.EngineLLM, "_sample",
+                        lambda *a: pytest.fail("chapter 11's sampler was called"))
+    llm = LLM(hf, block_size=2)
+    seeded = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
+    alone = llm.generate([prompts[2]], seeded, use_tqdm=False)[0]
+    others = [SamplingParams(temperature=1.0, seed=9, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=0.5, max_tokens=5, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)]
+    batch = llm.generate([prompts[0], prompts[2], prompts[1], prompts[0]],
+                         [others[0], seeded, others[1], others[2]], use_tqdm=False)
+    tokens = [o.token_ids for o in alone.outputs]
+    assert [o.token_ids for o in batch[1].outputs] == tokens
+    assert len({tuple(t) for t in tokens}) > 1  # the n samples have their own keys
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+
+
+def test_sample_fused_greedy_rows_break_ties_like_argmax():
+    from minipaged.fast_engine import sample_fused
+
+    logits = torch.zeros(3, 700)
+    logits[0, [5, 600]] = 2.0  # a tie across two lanes and two tiles
+    logits[1, 300:] = 1.0
+    logits[2] = torch.randn(700)
+    inv_temperature, keys = torch.zeros(3), torch.zeros(3, dtype=torch.int64)
+    tokens = sample_fused(logits, inv_temperature, keys)
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [5, 300, logits[2].argmax()]
 
 
 def test_the_fast_engine_serves_an_fp8_cache_too():

@@ -175,6 +175,10 @@ def exercise_fast_engine(dtype, head_dim: int) -> None:
     cache = PagedKVCache(1, 8, 16, 2, head_dim, dtype=dtype, device="cuda")
     batch = ForwardBatch.from_sequences([[0] * 20, [0] * 3], [0, 10], [[0, 1], [2]], 16, "cuda")
     fast_engine.paged_prefill_attention(rand(23, 8, head_dim), cache, 0, batch, head_dim ** -0.5)
+    sample_fused = getattr(fast_engine, "sample_fused", None)
+    if sample_fused is not None and head_dim == 128:  # logits in each dtype, once
+        sample_fused(rand(3, 1000), torch.tensor([0.0, 1.0, 2.0], device="cuda"),
+                     torch.arange(3, device="cuda"))
 
 
 def inlined_helpers(kernels: dict) -> dict[str, str]:
