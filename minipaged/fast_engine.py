@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:310
+# %% chapters/13_fast_engine.md:311
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -53,7 +53,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:370
+# %% chapters/13_fast_engine.md:371
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -97,7 +97,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:500
+# %% chapters/13_fast_engine.md:501
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -117,7 +117,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:529
+# %% chapters/13_fast_engine.md:530
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -160,7 +160,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:577
+# %% chapters/13_fast_engine.md:578
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -192,7 +192,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:666
+# %% chapters/13_fast_engine.md:667
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -228,7 +228,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:736
+# %% chapters/13_fast_engine.md:737
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -255,7 +255,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:824
+# %% chapters/13_fast_engine.md:825
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -286,7 +286,7 @@ class PrefillPlan:
         return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:872
+# %% chapters/13_fast_engine.md:873
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -343,7 +343,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:940
+# %% chapters/13_fast_engine.md:941
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -388,7 +388,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1091
+# %% chapters/13_fast_engine.md:1092
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -432,7 +432,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1143
+# %% chapters/13_fast_engine.md:1144
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -455,7 +455,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1173
+# %% chapters/13_fast_engine.md:1174
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -498,7 +498,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1294
+# %% chapters/13_fast_engine.md:1295
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -538,7 +538,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1342
+# %% chapters/13_fast_engine.md:1343
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -563,7 +563,7 @@ def sampling_inputs(seqs: list, device) -> tuple[torch.Tensor, torch.Tensor]:
             keys.to(device, non_blocking=True))
 
 
-# %% chapters/13_fast_engine.md:1438
+# %% chapters/13_fast_engine.md:1439
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""

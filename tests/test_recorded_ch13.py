@@ -41,6 +41,16 @@ def test_the_fast_engine_is_measured_beside_chapter_11s_and_is_faster():
         assert all(r["identical"] for r in parity.values())
 
 
+def test_nanovllms_workload_is_measured_for_both_engines():
+    data = _load("fast_engine_nanovllm_h200.json")
+    assert data["workload"]["name"] == "nanovllm" and not data["workload"]["greedy"]
+    rows = {r["engine"]: r for r in data["rows"] if "error" not in r}
+    assert {"engine", "fast_engine"} <= set(rows)
+    assert rows["engine"]["output_tokens"] == rows["fast_engine"]["output_tokens"]
+    assert rows["fast_engine"]["tok_per_s"] > rows["engine"]["tok_per_s"]
+    assert all(0 < r["roofline_fraction"] <= 1 for r in rows.values())
+
+
 def test_every_fused_kernel_agrees_with_its_reference_in_bf16():
     rows = _load("fused_kernels_h200.json")["rows"]
     assert {r["kernel"] for r in rows} == {"add_rms_norm", "qk_norm_rope", "silu_mul", "qkv_proj",
