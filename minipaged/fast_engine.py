@@ -550,20 +550,21 @@ def fused_sampling_applies(params: list, vocab: int) -> bool:
 
 def sampling_inputs(seqs: list, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: 1 / temperature (0 when greedy) and the Philox key, on ``device``."""
-    keys = torch.randint(0, 2**62, (len(seqs),), dtype=torch.int64)
-    inv_temperature = torch.empty(len(seqs), dtype=torch.float32)
-    for row, seq in enumerate(seqs):
+    keys = torch.randint(0, 2**62, (len(seqs),), dtype=torch.int64).tolist()
+    inv_temperature = []
+    for row, seq in enumerate(seqs):  # Python lists: a tensor per element costs more
         p = seq.params
-        inv_temperature[row] = 0.0 if p.greedy else 1.0 / p.temperature
+        inv_temperature.append(0.0 if p.greedy else 1.0 / p.temperature)
         if p.seed is not None:
             seed = (p.seed + seq.sample_index) % 2 ** (62 - POSITION_BITS)
             position = len(seq.output_token_ids) % 2**POSITION_BITS
             keys[row] = (seed << POSITION_BITS) | position
+    inv_temperature = torch.tensor(inv_temperature, dtype=torch.float32)
     return (inv_temperature.to(device, non_blocking=True),
-            keys.to(device, non_blocking=True))
+            torch.tensor(keys, dtype=torch.int64).to(device, non_blocking=True))
 
 
-# %% chapters/13_fast_engine.md:1439
+# %% chapters/13_fast_engine.md:1440
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
