@@ -1,0 +1,179 @@
+"""Where the host time of a decode step goes: each phase of ``LLM.step()`` timed, on the course workload.
+
+    python benchmarks/profile_step_phases.py [--out DIR] [--engine engine|fast_engine] [--quick]
+                                             [--num-requests N] [--max-tokens N]
+
+Runs ``minipaged.<engine>.LLM`` on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape,
+prompts uniform in 100-1024, 512 new tokens, EOS ignored, greedy) and wraps the engine's methods with
+timers (``time.perf_counter``). A step's phases, in the order they run:
+
+- ``schedule``: ``Scheduler.schedule()`` (with the block manager's ``reserve_step``);
+- ``move blocks``: swaps and copy-on-write copies;
+- ``build batch``: the step's host tensors (token ids, ``ForwardBatch.from_reservation``);
+- ``launch``: ``DecodeGraphs.run`` (copies into the graph's buffers and the replay) or the eager
+  forward's launches;
+- ``wait for GPU``: a ``torch.cuda.synchronize()`` added at the start of ``_sample``: the time the
+  host waits for the step's kernels (the engine would wait as long in ``tolist()``);
+- ``sample``: ``_sample`` after that (sampling kernels and the read-back of the tokens);
+- ``commit``: ``Scheduler.commit()`` (tokens appended, finished sequences freed);
+- ``rest``: what the step spends outside these (bookkeeping, outputs).
+
+Everything except ``wait for GPU`` is time in which the GPU has nothing queued (the engine reads
+its tokens back at every step), so their sum is the step's idle GPU time. Only decode steps after
+the last admission are counted. Writes DIR/step_phases_<engine>_h200.json (``_cpu`` without a
+GPU): {"device", "date", "command", "workload", "decode_steps", "mean_batch", "ms_per_step":
+{phase: mean}, "host_ms_per_step", "wall_ms_per_step"}. About a minute on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_engine import build_model, qwen3_06b_config, sync, workload  # noqa: E402
+
+PHASES = ("schedule", "move blocks", "build batch", "launch", "wait for GPU", "sample", "commit",
+          "rest")
+
+
+class PhaseTimer:
+    """Adds each wrapped call's seconds to the current step's phase."""
+
+    def __init__(self):
+        self.step = defaultdict(float)
+
+    def wrap(self, phase, fn, before=None):
+        def timed(*args, **kwargs):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step[phase] += time.perf_counter() - t0
+        return timed
+
+
+def instrument(llm, timer: PhaseTimer) -> None:
+    """Wrap ``llm``'s phases with ``timer`` (instance attributes: the class is untouched)."""
+    llm.scheduler.schedule = timer.wrap("schedule", llm.scheduler.schedule)
+    llm.scheduler.commit = timer.wrap("commit", llm.scheduler.commit)
+    llm._move_blocks = timer.wrap("move blocks", llm._move_blocks)
+    llm._run_group = timer.wrap("build batch", llm._run_group)  # launch is subtracted below
+    llm.model = _LaunchTimed(llm.model, timer)
+    graphs = llm._decode_graphs() if llm.enable_cuda_graphs else None
+    if graphs is not None:
+        graphs.run = timer.wrap("launch", graphs.run)
+    def wait():
+        t0 = time.perf_counter()
+        sync()
+        timer.step["wait for GPU"] += time.perf_counter() - t0
+    llm._sample = timer.wrap("sample", llm._sample, before=wait)
+
+
+class _LaunchTimed(torch.nn.Module):
+    """The model, with its eager forwards timed as ``launch``."""
+
+    def __init__(self, model, timer):
+        super().__init__()
+        self.inner, self.timer = model, timer
+
+    def forward(self, *args, **kwargs):
+        return self.timer.wrap("launch", self.inner)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--engine", choices=["engine", "fast_engine"], default="fast_engine")
+    parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU")
+    parser.add_argument("--num-requests", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    quick = args.quick or not on_gpu
+    num_requests = args.num_requests or (8 if quick else 256)
+    max_tokens = args.max_tokens or (24 if quick else 512)
+    lo, hi = (16, 64) if quick else (100, 1024)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+
+    from minipaged.scheduler import SamplingParams
+
+    LLM = importlib.import_module(f"minipaged.{args.engine}").LLM
+    config = qwen3_06b_config(quick and not on_gpu)
+    model = build_model(config, "cuda" if on_gpu else "cpu", dtype)
+    llm = LLM(model, block_size=16, max_num_seqs=256)
+    llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
+                 use_tqdm=False)  # warm-up: kernels compiled, graphs captured
+    timer = PhaseTimer()
+    instrument(llm, timer)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for p in workload(num_requests, lo, hi, config.vocab_size):
+        llm.add_request(p, params)
+    totals, walls, rows = defaultdict(float), [], 0
+    sync()
+    while llm.has_unfinished_requests():
+        decode_phase = not llm.scheduler.waiting
+        prefill_before = llm.stats.prefill_tokens
+        timer.step.clear()
+        t0 = time.perf_counter()
+        llm.step()
+        wall = time.perf_counter() - t0
+        if not decode_phase or llm.stats.prefill_tokens > prefill_before:
+            continue
+        phases = timer.step
+        phases["build batch"] -= phases["launch"]
+        phases["rest"] = wall - sum(phases[p] for p in PHASES if p != "rest")
+        for p in PHASES:
+            totals[p] += phases[p]
+        walls.append(wall)
+        rows += len(llm.scheduler.running)
+    steps = len(walls)
+    if steps == 0:
+        print("no decode step after the last admission: the run is too short", file=sys.stderr)
+        return 1
+    ms = {p: 1e3 * totals[p] / steps for p in PHASES}
+    result = {
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv),
+        "engine": f"minipaged.{args.engine}.LLM",
+        "versions": {"torch": torch.__version__},
+        "workload": {"requests": num_requests, "prompt_len": [lo, hi], "max_tokens": max_tokens,
+                     "ignore_eos": True, "greedy": True, "dtype": str(dtype)},
+        "decode_steps": steps, "mean_batch": rows / steps, "ms_per_step": ms,
+        "host_ms_per_step": sum(v for p, v in ms.items() if p != "wait for GPU"),
+        "wall_ms_per_step": 1e3 * sum(walls) / steps,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"step_phases_{args.engine}_{'h200' if on_gpu else 'cpu'}.json"
+    path.write_text(json.dumps(result, indent=1))
+    for p in PHASES:
+        print(f"{p:<13} {ms[p]:8.3f} ms/step")
+    print(f"decode step {result['wall_ms_per_step']:.3f} ms, host {result['host_ms_per_step']:.3f} ms,"
+          f" {steps} steps, mean batch {result['mean_batch']:.0f} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
