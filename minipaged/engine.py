@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1051
+    # %% chapters/11_engine.md:1063
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -470,16 +470,20 @@ class LLM:
         ends = itertools.accumulate(c.num_tokens for c in chunks)
         logits_indices = torch.tensor([e - 1 for c, e in zip(chunks, ends) if c.samples],
                                       dtype=torch.long)
-        batch = ForwardBatch.from_reservation(res, ids, rows, logits_indices)
+        return self._run_batch(ForwardBatch.from_reservation(res, ids, rows, logits_indices))
+
+
+    def _run_batch(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of one batch: a decode batch replayed as a CUDA graph when one fits."""
         if batch.is_decode:
-            self.stats.kv_tokens_read += sum(c.start + 1 for c in chunks)
+            self.stats.kv_tokens_read += int(batch.seq_lens.sum())
             graphs = self._decode_graphs() if self.enable_cuda_graphs else None
             if graphs is not None and graphs.fits(batch):
                 self.stats.graph_steps += 1
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:825
+    # %% chapters/11_engine.md:830
     def _sample(self, logits, samplers) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
@@ -501,6 +505,12 @@ class LLM:
         stats.output_tokens += num_sampled
         stats.cached_prompt_tokens += sum(s.num_cached_prompt_tokens for s in out.admitted
                                           if s.num_preemptions == 0)
+        self._account_finished(done)
+
+
+    def _account_finished(self, done: list[Sequence]) -> None:
+        """Each finished sequence's TTFT and TPOT; its generator is dropped."""
+        stats = self.stats
         for seq in done:
             self._generators.pop(seq.seq_id, None)
             if seq.first_token_time is not None:
@@ -509,7 +519,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:867
+    # %% chapters/11_engine.md:879
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -567,12 +577,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1070
+    # %% chapters/11_engine.md:1082
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1135
+    # %% chapters/11_engine.md:1147
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -581,7 +591,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1174
+    # %% chapters/11_engine.md:1186
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -611,7 +621,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1335
+    # %% chapters/11_engine.md:1347
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -663,7 +673,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1396
+    # %% chapters/11_engine.md:1408
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -696,7 +706,7 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1567
+    # %% chapters/11_engine.md:1579
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -706,7 +716,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1320
+# %% chapters/11_engine.md:1332
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -719,7 +729,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1478
+# %% chapters/11_engine.md:1490
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -759,7 +769,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1524
+    # %% chapters/11_engine.md:1536
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

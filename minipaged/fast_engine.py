@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:311
+# %% chapters/13_fast_engine.md:307
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -15,6 +15,7 @@ interface serves it. ``LLM`` is chapter 11's engine serving this model.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -24,18 +25,21 @@ import triton.language as tl
 from torch import nn
 
 from minipaged.engine import LLM as EngineLLM
+from minipaged.engine import sample
 from minipaged.fp8_kv_cache import LLM as QuantizedCacheLLM
 from minipaged.fp8_kv_cache import Fp8PagedKVCache
 from minipaged.kv_cache import PagedKVCache
 from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
                              Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
                              prefill_attention, rope_cos_sin)
+from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
 
 __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
     "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
     "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
     "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
+    "OverlapScheduler", "UNRESOLVED",
 ]
 
 
@@ -559,12 +563,19 @@ def sampling_inputs(seqs: list, device) -> tuple[torch.Tensor, torch.Tensor]:
             seed = (p.seed + seq.sample_index) % 2 ** (62 - POSITION_BITS)
             position = len(seq.output_token_ids) % 2**POSITION_BITS
             keys[row] = (seed << POSITION_BITS) | position
-    inv_temperature = torch.tensor(inv_temperature, dtype=torch.float32)
-    return (inv_temperature.to(device, non_blocking=True),
-            torch.tensor(keys, dtype=torch.int64).to(device, non_blocking=True))
+    return (to_device(torch.tensor(inv_temperature, dtype=torch.float32), device),
+            to_device(torch.tensor(keys, dtype=torch.int64), device))
 
 
-# %% chapters/13_fast_engine.md:1440
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """``host`` on ``device``, queued behind the GPU's work instead of waiting for it:
+    a GPU copies from pinned (page-locked) memory without stopping the host."""
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+# %% chapters/13_fast_engine.md:1447
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
@@ -576,11 +587,221 @@ class LLM(QuantizedCacheLLM):
         return model, tokenizer
 
     def _sample(self, logits, samplers) -> list:
-        """One kernel for the step's rows, unless one of them needs top-k or top-p."""
+        """One token per row: ``[((sequence, fork_child), token), ...]``."""
         seqs = [child or seq for seq, child in samplers]
+        if not seqs:
+            return []
+        return list(zip(samplers, self._sample_tokens(logits, seqs).tolist()))
+
+    def _sample_tokens(self, logits, seqs) -> torch.Tensor:
+        """The rows' tokens, left on the logits' device: one kernel, unless a row needs
+        top-k or top-p (then chapter 11's sampler)."""
         params = [s.params for s in seqs]
-        if (not seqs or all(p.greedy for p in params)
-                or not fused_sampling_applies(params, logits.shape[1])):
-            return super()._sample(logits, samplers)
-        tokens = sample_fused(logits, *sampling_inputs(seqs, logits.device))
-        return list(zip(samplers, tokens.tolist()))
+        if all(p.greedy for p in params) or not fused_sampling_applies(params,
+                                                                        logits.shape[1]):
+            return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
+        return sample_fused(logits, *sampling_inputs(seqs, logits.device))
+
+    # %% chapters/13_fast_engine.md:1685
+    def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
+        """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
+        the GPU runs the one before."""
+        super(LLM, self).__init__(model, **kwargs)
+        self.scheduler = OverlapScheduler(self.manager, self.scheduler.config)
+        self.overlap_scheduling = overlap_scheduling
+        self.overlapped_steps = 0
+        self._in_flight: InFlightStep | None = None
+        self._ready: list = []  # outputs completed outside ``step``, returned by the next
+
+
+    def has_unfinished_requests(self) -> bool:
+        return (self._in_flight is not None or bool(self._ready)
+                or super(LLM, self).has_unfinished_requests())
+
+
+    def abort_request(self, request_id: int):
+        self._drain()  # the cancelled request's tokens first: its output holds no placeholder
+        for i, output in enumerate(self._ready):
+            if output.request_id == request_id:  # it finished before the cancellation
+                return self._ready.pop(i)
+        return super(LLM, self).abort_request(request_id)
+
+    # %% chapters/13_fast_engine.md:1720
+    def step(self) -> list:
+        """Chapter 11's step; a plain decode step is launched before the previous step's
+        tokens are read, and committed before its own are."""
+        if not (self.overlap_scheduling and self.scheduler.next_is_decode()):
+            self._drain()
+            finished, self._ready = self._ready + super(LLM, self).step(), []
+            return finished
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        launched = self._launch(out)
+        stopped = self._resolve(keep_running=True)  # step t's tokens, while t+1 runs
+        t2 = time.perf_counter()
+        done = self.scheduler.commit_unresolved(out, stopped)
+        self._finished([s for s in done if s.seq_id in stopped])  # the others hold a placeholder
+        launched.placeholders = [(c.seq, row) for row, c in enumerate(out.chunks)
+                                 if c.seq.seq_id not in stopped]
+        self._in_flight = launched
+        self.overlapped_steps += 1
+        self._account(out, [], len(launched.placeholders),
+                      t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        if self.check_invariants:
+            self.scheduler.check_invariants()
+        finished, self._ready = self._ready, []
+        return finished
+
+
+    def _launch(self, out: SchedulerOutput) -> InFlightStep:
+        """Queue a decode step's forward and sampling; its tokens start for the host."""
+        seqs, previous = [c.seq for c in out.chunks], self._in_flight
+        try:
+            self._move_blocks(out)
+            logits = (self._forward(out)[0] if previous is None
+                      else self._decode_after(previous, out))
+            tokens = self._sample_tokens(logits, seqs)
+        except BaseException:
+            self.scheduler.abort_step(out)
+            raise
+        host, ready = tokens, None
+        if tokens.is_cuda:
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
+
+    # %% chapters/13_fast_engine.md:1776
+    def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
+        """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
+        tokens = previous.tokens
+        rows = torch.tensor([previous.rows[c.seq.seq_id] for c in out.chunks])
+        ids = tokens[to_device(rows, tokens.device)]
+        batch = ForwardBatch.from_reservation(out.reservation, ids, None,
+                                              torch.arange(len(out.chunks)))
+        if tokens.is_cuda:
+            for name in ("positions", "slot_mapping", "block_tables", "seq_lens"):
+                setattr(batch, name, getattr(batch, name).pin_memory())
+        return self._run_batch(batch)
+
+
+    def _resolve(self, keep_running: bool) -> dict:
+        """Wait for the in-flight step's tokens and put them in place. Returns the
+        sequences they stopped that are also in a launched step (see ``resolve``)."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return {}
+        if step.ready is not None:
+            step.ready.synchronize()
+        tokens = step.host.tolist()
+        stopped, done = self.scheduler.resolve(
+            [seq for seq, _ in step.placeholders],
+            [tokens[row] for _, row in step.placeholders], self.eos_token_id, keep_running)
+        self._finished(done)
+        return stopped
+
+
+    def _drain(self) -> None:
+        """Read the tokens in flight, if any: the engine is synchronous again."""
+        self._resolve(keep_running=False)
+
+
+    def _finished(self, done: list[Sequence]) -> None:
+        """Account finished sequences that hold their true tokens; queue the output of each
+        request that is finished and holds no placeholder any more."""
+        self._account_finished(done)
+        for request_id in dict.fromkeys(s.request_id for s in done):
+            request = self._requests.get(request_id)
+            if request is not None and request.finished and not any(
+                    s.output_token_ids and s.output_token_ids[-1] == UNRESOLVED
+                    for s in request.seqs):
+                self._ready.append(self._output(self._requests.pop(request_id)))
+
+
+# %% chapters/13_fast_engine.md:1577
+UNRESOLVED = -1
+"""The token a committed step holds until the token sampled on the GPU reaches the host."""
+
+
+class OverlapScheduler(Scheduler):
+    """Chapter 10's scheduler, able to commit a decode step before its tokens are known."""
+
+    def next_is_decode(self) -> bool:
+        """Whether the next ``schedule`` is sure to decode one token of every running
+        sequence and do nothing else: no admission, swap-in or preemption."""
+        running, config = self.running, self.config
+        if (not running or self.swapped or len(running) > config.max_num_batched_tokens
+                or (self.waiting and len(running) < config.max_num_seqs)
+                or self._free_after(0) < len(running)):  # at most a new block each
+            return False
+        return all(s.output_token_ids and s.num_computed_tokens == s.num_tokens - 1
+                   for s in running)
+
+    def commit_unresolved(self, out: SchedulerOutput, stopped: dict) -> list[Sequence]:
+        """Commit a decode step whose tokens are still on the GPU: each sequence gets
+        ``UNRESOLVED``, except those in ``stopped`` (seq_id -> status), which finish.
+        Returns the sequences that finished, ``max_tokens`` reached included."""
+        self.manager.commit_step(out.reservation)
+        out.reservation = None
+        now, done, limit = time.perf_counter(), [], self._length_limit
+        for chunk in out.chunks:
+            seq = chunk.seq
+            status = stopped.get(seq.seq_id)
+            if status is None:
+                seq.num_computed_tokens = chunk.start + 1
+                seq.output_token_ids.append(UNRESOLVED)
+                if (len(seq.output_token_ids) >= seq.params.max_tokens
+                        or seq.num_tokens >= limit):
+                    status = SequenceStatus.FINISHED_LENGTH
+            if status is not None:
+                self._finish(seq, status, now)
+                done.append(seq)
+        if done:
+            finished = set(done)
+            self.running[:] = [s for s in self.running if s not in finished]
+        return done
+
+    # %% chapters/13_fast_engine.md:1629
+    def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
+                keep_running: bool) -> tuple[dict, list[Sequence]]:
+        """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
+
+        Returns ``(stopped, done)``: the running sequences a token stopped (seq_id ->
+        status; left running if ``keep_running``, as they are in a launched step), and the
+        sequences that are finished now and hold no placeholder any more.
+        """
+        tell = self.manager.append_token_ids if self._caches_prefixes else None
+        now, stopped, done = time.perf_counter(), {}, []
+        for seq, token in zip(seqs, tokens):
+            seq.output_token_ids[-1] = token
+            if seq.status.finished:  # at max_tokens: complete now
+                seq.status, seq.finish_time = self._stop_reason(seq, token, eos_token_id), now
+                done.append(seq)
+                continue
+            if tell is not None:
+                tell(seq.seq_id, (token,))
+            status = self._stop_reason(seq, token, eos_token_id)
+            if status is not None:
+                stopped[seq.seq_id] = status
+        if stopped and not keep_running:
+            for seq in seqs:
+                if seq.seq_id in stopped:
+                    self._finish(seq, stopped[seq.seq_id], now)
+                    done.append(seq)
+            self.running[:] = [s for s in self.running if s.seq_id not in stopped]
+            stopped = {}
+        return stopped, done
+
+
+# %% chapters/13_fast_engine.md:1668
+@dataclass
+class InFlightStep:
+    """A decode step launched and committed before the host read its tokens."""
+
+    rows: dict            # seq_id -> row of ``tokens``
+    tokens: torch.Tensor  # [rows] on the device: the next step's input ids
+    host: torch.Tensor    # [rows] their copy on the host (pinned on a GPU)
+    ready: object         # the CUDA event of that copy (None on a CPU)
+    placeholders: list = None  # (sequence, row) of every UNRESOLVED token
