@@ -1,0 +1,98 @@
+"""Chapter 13's overlap scheduling: a decode step planned and committed before the previous step's
+tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minipaged.fast_engine import LLM, UNRESOLVED, OverlapScheduler
+from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
+from minipaged.scheduler import SamplingParams
+
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def setup():
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 17, 33, 9, 2)]
+    reference, _ = reference_greedy(hf, prompts, NEW + 2)
+    return hf, prompts, reference
+
+
+def served(hf, prompts, params, overlap, **kw):
+    llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    assert not llm.has_unfinished_requests() and llm._in_flight is None
+    got = [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outputs]
+    assert UNRESOLVED not in [t for o in got for ids, _ in o for t in ids]
+    return got, llm
+
+
+def test_the_engine_uses_the_overlap_scheduler(setup):
+    hf, prompts, reference = setup
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    got, llm = served(hf, prompts, greedy, True, block_size=4, num_blocks=256)
+    assert isinstance(llm.scheduler, OverlapScheduler)
+    assert [o[0][0] for o in got] == [r[:NEW] for r in reference]
+    assert llm.overlapped_steps >= NEW - 2  # every step after the prefill and the first
+
+
+def test_a_stop_token_at_max_tokens_reports_stop(setup):
+    """The last token is resolved after the commit ended the sequence at max_tokens."""
+    hf, prompts, reference = setup
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, stop_token_ids=[reference[0][NEW - 1]])
+    got, llm = served(hf, prompts[:1], params, True, block_size=4, num_blocks=256)
+    want, _ = served(hf, prompts[:1], params, False, block_size=4, num_blocks=256)
+    assert got == want and got[0][0][1] == "stop" and llm.overlapped_steps > 0
+
+
+def test_a_cancellation_with_a_step_in_flight(setup):
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, num_blocks=256, check_invariants=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    ids = [llm.add_request(p, greedy) for p in prompts]
+    while llm._in_flight is None:
+        assert llm.step() == []
+    out = llm.abort_request(ids[1])
+    assert out.outputs[0].finish_reason == "abort" and UNRESOLVED not in out.outputs[0].token_ids
+    assert out.outputs[0].token_ids == reference[1][:len(out.outputs[0].token_ids)]
+    finished = {}
+    while llm.has_unfinished_requests():
+        finished.update((o.request_id, o) for o in llm.step())
+    assert sorted(finished) == [i for i in ids if i != ids[1]]
+    assert all(finished[i].outputs[0].token_ids == reference[k][:NEW]
+               for k, i in enumerate(ids) if i != ids[1])
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_overlap_gives_what_the_synchronous_engine_gives(setup, data):
+    """Random requests (greedy with stop tokens the model draws, seeded samples with n > 1, mixed
+    max_tokens), caches from roomy to preempting, prefix caching on and off."""
+    hf, prompts, reference = setup
+    picked = data.draw(st.lists(st.sampled_from(range(len(prompts))), min_size=1, max_size=4))
+    params = []
+    for k in picked:
+        max_tokens = data.draw(st.integers(1, NEW))
+        if data.draw(st.booleans()):
+            stop = data.draw(st.sampled_from(reference[k]))
+            params.append(SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                         stop_token_ids=[stop]))
+        else:
+            params.append(SamplingParams(temperature=0.9, seed=data.draw(st.integers(0, 9)),
+                                         n=data.draw(st.integers(1, 2)), max_tokens=max_tokens))
+    kw = dict(block_size=data.draw(st.sampled_from([2, 4])),
+              num_blocks=data.draw(st.sampled_from([24, 40, 256])),
+              enable_prefix_caching=data.draw(st.booleans()),
+              preemption_mode=data.draw(st.sampled_from(["recompute", "swap"])))
+    chosen = [prompts[k] for k in picked]
+    want, _ = served(hf, chosen, params, False, **kw)
+    got, _ = served(hf, chosen, params, True, **kw)
+    assert got == want
