@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import importlib
 import json
 import sys
@@ -170,6 +171,9 @@ def main(argv=None) -> int:
     overlapped = None
     if overlap:  # the same steps with the host's work overlapped, not instrumented
         del llm
+        gc.collect()  # the first engine's cache goes before the second's is sized
+        if on_gpu:
+            torch.cuda.empty_cache()
         llm = LLM(model, block_size=16, max_num_seqs=256)
         walls_overlapped = decode_step_walls(llm, prompts, params, None)
         overlapped = 1e3 * sum(w for w, _, _ in walls_overlapped) / len(walls_overlapped)

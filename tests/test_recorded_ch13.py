@@ -60,3 +60,26 @@ def test_every_fused_kernel_agrees_with_its_reference_in_bf16():
     decode = {r["kernel"]: r for r in rows if r["tokens"] == 256}
     for name in ("add_rms_norm", "qk_norm_rope", "silu_mul"):   # a fused kernel beats its chain
         assert decode[name]["fused_us"] < decode[name]["reference_us"], name
+
+
+def test_the_overlap_is_measured_beside_the_synchronous_fast_engine():
+    rows = {r["engine"]: r for r in _load("fast_engine_h200.json")["rows"]}
+    if "fast_engine_sync" not in rows:
+        pytest.skip("no fast_engine_sync row recorded yet")
+    sync, overlapped = rows["fast_engine_sync"], rows["fast_engine"]
+    assert sync["output_tokens"] == overlapped["output_tokens"]
+    assert sync["first_tokens"] == overlapped["first_tokens"]  # greedy: the same tokens
+    assert sync["steps"] == overlapped["steps"]
+
+
+def test_the_step_phases_add_up_to_the_step():
+    from benchmarks.profile_step_phases import PHASES
+
+    data = _load("step_phases_fast_engine_h200.json")
+    ms = data["ms_per_step"]
+    assert set(ms) == set(PHASES) and all(v >= 0 for k, v in ms.items() if k != "rest")
+    assert sum(ms.values()) == pytest.approx(data["wall_ms_per_step"], rel=1e-6)
+    assert data["host_ms_per_step"] == pytest.approx(data["wall_ms_per_step"] - ms["wait for GPU"])
+    assert data["decode_steps"] > 0 and data["mean_batch"] > 1
+    overlapped = data.get("overlapped_wall_ms_per_step")
+    assert overlapped is None or 0 < overlapped
