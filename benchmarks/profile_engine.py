@@ -103,13 +103,32 @@ def summarise(events, steps: int, floors: dict) -> dict:
     return {"classes": classes, "gpu_us_per_step": total / steps, "top_kernels": top}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_args(parser, engine: str) -> None:
+    """The options both profiles share: output folder, engine, CPU run, workload size."""
     parser.add_argument("--out", default="results")
-    parser.add_argument("--engine", choices=["engine", "fast_engine"], default="engine")
+    parser.add_argument("--engine", choices=["engine", "fast_engine"], default=engine)
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
+
+
+def record_header(engine: str, num_requests: int, prompt_len, max_tokens: int, dtype) -> dict:
+    """The fields every profile record starts with: device, date, command, workload."""
+    on_gpu = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv),
+        "engine": f"minipaged.{engine}.LLM",
+        "versions": {"torch": torch.__version__},
+        "workload": {"requests": num_requests, "prompt_len": list(prompt_len),
+                     "max_tokens": max_tokens, "ignore_eos": True, "greedy": True,
+                     "dtype": str(dtype)}}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(parser, "engine")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--window", type=int, default=None, help="decode steps profiled (32)")
     parser.add_argument("--settle", type=int, default=None,
@@ -193,15 +212,10 @@ def main(argv=None) -> int:
     if not on_gpu:  # CPU operators nest: their self times are the CPU's whole step
         summary["note"] = "CPU run: aten operators (self time) stand in for GPU kernels"
     output_tokens = llm.stats.output_tokens
-    result = {
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-        "engine": f"minipaged.{args.engine}.LLM",
-        "versions": {"torch": torch.__version__},
-        "workload": {"requests": num_requests, "prompt_len": [lo, hi], "max_tokens": max_tokens,
-                     "ignore_eos": True, "greedy": True, "dtype": str(dtype),
-                     "model": "random Qwen3-0.6B shape" if config.num_hidden_layers == 28 else "tiny"},
+    result = record_header(args.engine, num_requests, (lo, hi), max_tokens, dtype)
+    result["workload"]["model"] = ("random Qwen3-0.6B shape" if config.num_hidden_layers == 28
+                                   else "tiny")
+    result.update({
         "copy_bandwidth_bytes_per_s": COPY_BANDWIDTH,
         "run": {"seconds": seconds, "output_tokens": output_tokens,
                 "tok_per_s_with_window": output_tokens / seconds, "steps": len(steps),
@@ -210,7 +224,7 @@ def main(argv=None) -> int:
                 "decode_seconds_unprofiled": sum(st["wall"] for st in plain),
                 "host_seconds": sum(st["host"] for st in steps), "graph_steps": llm.stats.graph_steps},
         "window": summary,
-    }
+    })
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.engine}_profile_{'h200' if on_gpu else 'cpu'}.json"

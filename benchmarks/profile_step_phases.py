@@ -31,7 +31,6 @@ DIR/step_phases_<engine>_h200.json (``_cpu`` without a GPU): {"device", "date", 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import importlib
 import json
@@ -44,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import build_model, qwen3_06b_config, sync, workload  # noqa: E402
+from benchmarks.profile_engine import add_run_args, record_header  # noqa: E402
 
 PHASES = ("schedule", "move blocks", "build batch", "launch", "wait for GPU", "sample", "commit",
           "rest")
@@ -129,11 +129,7 @@ def decode_step_walls(llm, prompts, params, timer: PhaseTimer | None) -> list:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--engine", choices=["engine", "fast_engine"], default="fast_engine")
-    parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU")
-    parser.add_argument("--num-requests", type=int, default=None)
-    parser.add_argument("--max-tokens", type=int, default=None)
+    add_run_args(parser, "fast_engine")
     return parser.parse_args(argv)
 
 
@@ -177,19 +173,13 @@ def main(argv=None) -> int:
         llm = LLM(model, block_size=16, max_num_seqs=256)
         walls_overlapped = decode_step_walls(llm, prompts, params, None)
         overlapped = 1e3 * sum(w for w, _, _ in walls_overlapped) / len(walls_overlapped)
-    result = {
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-        "engine": f"minipaged.{args.engine}.LLM",
-        "versions": {"torch": torch.__version__},
-        "workload": {"requests": num_requests, "prompt_len": [lo, hi], "max_tokens": max_tokens,
-                     "ignore_eos": True, "greedy": True, "dtype": str(dtype)},
+    result = record_header(args.engine, num_requests, (lo, hi), max_tokens, dtype)
+    result.update({
         "decode_steps": steps, "mean_batch": rows / steps, "ms_per_step": ms,
         "host_ms_per_step": sum(v for p, v in ms.items() if p != "wait for GPU"),
         "wall_ms_per_step": 1e3 * sum(w for w, _, _ in walls) / steps,
         "overlapped_wall_ms_per_step": overlapped,
-    }
+    })
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"step_phases_{args.engine}_{'h200' if on_gpu else 'cpu'}.json"

@@ -1,27 +1,12 @@
 """Chapter 13's overlap scheduling: a decode step planned and committed before the previous step's
 tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
 
-import random
-
-import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minipaged.fast_engine import LLM, UNRESOLVED, OverlapScheduler
-from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
-
-NEW = 6
-
-
-@pytest.fixture(scope="module")
-def setup():
-    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 17, 33, 9, 2)]
-    reference, _ = reference_greedy(hf, prompts, NEW + 2)
-    return hf, prompts, reference
+from tests.test_engine import NEW, setup  # noqa: F401  (the tiny model, prompts, greedy reference)
 
 
 def served(hf, prompts, params, overlap, **kw):
