@@ -282,15 +282,16 @@ class PrefillPlan:
                 seqs.append(i)
                 starts.append(start)
         offsets = list(itertools.accumulate(batch.query_lens, initial=0))[:-1]
-        device = batch.input_ids.device
-        tiles = torch.tensor([seqs, starts], dtype=torch.int32)
+        device, n = batch.input_ids.device, len(seqs)
+        pad = [0] * (-n % 4)  # both rows start 16-byte aligned (see below)
+        tiles = torch.tensor([seqs + pad, starts + pad], dtype=torch.int32)
         meta = torch.tensor([offsets, list(batch.query_lens), list(batch.context_lens)],
                             dtype=torch.int32)
         tiles = tiles.to(device, non_blocking=True)
-        return cls(tiles[0], tiles[1], meta.to(device, non_blocking=True), block_m)
+        return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:873
+# %% chapters/13_fast_engine.md:878
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -347,7 +348,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:941
+# %% chapters/13_fast_engine.md:946
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -392,7 +393,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1092
+# %% chapters/13_fast_engine.md:1097
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -436,7 +437,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1144
+# %% chapters/13_fast_engine.md:1149
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -459,7 +460,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1174
+# %% chapters/13_fast_engine.md:1179
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -502,7 +503,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1295
+# %% chapters/13_fast_engine.md:1300
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -542,7 +543,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1343
+# %% chapters/13_fast_engine.md:1348
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -575,7 +576,7 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-# %% chapters/13_fast_engine.md:1447
+# %% chapters/13_fast_engine.md:1452
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
@@ -602,7 +603,7 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1685
+    # %% chapters/13_fast_engine.md:1690
     def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
         """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
         the GPU runs the one before."""
@@ -626,7 +627,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1720
+    # %% chapters/13_fast_engine.md:1725
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -673,7 +674,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1776
+    # %% chapters/13_fast_engine.md:1781
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -720,7 +721,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1577
+# %% chapters/13_fast_engine.md:1582
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -763,7 +764,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1629
+    # %% chapters/13_fast_engine.md:1634
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -795,7 +796,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1668
+# %% chapters/13_fast_engine.md:1673
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""

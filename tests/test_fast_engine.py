@@ -174,6 +174,17 @@ def test_prefill_plan_tiles_every_token_once():
     assert plan.seq_meta.tolist() == [[0, 5, 45], [5, 40, 1], [0, 3, 9]]
 
 
+@pytest.mark.parametrize("num_seqs", [1, 2, 3, 5, 6, 7])
+def test_prefill_plan_rows_start_aligned_whatever_the_tile_count(num_seqs):
+    """Triton specializes pointers on 16-byte alignment: an unaligned ``tile_start`` would
+    compile a second copy of the kernel mid-serving."""
+    batch = ForwardBatch.from_sequences([[0] * 3] * num_seqs, [0] * num_seqs,
+                                        [[i] for i in range(num_seqs)], 4)
+    plan = PrefillPlan.for_batch(batch, 16)
+    assert plan.tile_seq.tolist() == list(range(num_seqs)) and len(plan.tile_start) == num_seqs
+    assert plan.tile_seq.data_ptr() % 16 == 0 and plan.tile_start.data_ptr() % 16 == 0
+
+
 def test_only_a_plain_cache_in_the_query_dtype_is_read_directly():
     cache = PagedKVCache(1, 4, 4, 2, 16, torch.float32, "cpu")
     assert reads_pool_directly(cache, torch.float32) and not reads_pool_directly(cache, torch.float16)
