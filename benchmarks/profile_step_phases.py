@@ -26,6 +26,10 @@ a step overlapped with the GPU's, uninstrumented: ``overlapped_wall_ms_per_step`
 DIR/step_phases_<engine>_h200.json (``_cpu`` without a GPU): {"device", "date", "command",
 "workload", "decode_steps", "mean_batch", "ms_per_step": {phase: mean}, "host_ms_per_step",
 "wall_ms_per_step", "overlapped_wall_ms_per_step"}. About two minutes on an H200.
+
+``--stub`` replaces the model's forwards with zero logits (a tiny model's vocabulary) and serves 256
+requests of 64 new tokens: the host's work per step at the real batch, on any machine, both with and
+without the overlap; its file is DIR/step_phases_<engine>_stub.json.
 """
 
 from __future__ import annotations
@@ -122,35 +126,57 @@ def decode_step_walls(llm, prompts, params, timer: PhaseTimer | None) -> list:
         llm.step()
         wall = time.perf_counter() - t0
         if decode_phase and llm.stats.prefill_tokens == prefill_before:
-            steps.append((wall, dict(timer.step) if timer else {}, len(llm.scheduler.running)))
+            steps.append((wall, defaultdict(float, timer.step if timer else {}),
+                          len(llm.scheduler.running)))
     sync()
     return steps
+
+
+def stubbed(llm, args):
+    """``llm`` with its forwards replaced by zero logits under ``--stub``: the engine's host
+    work alone, at the real workload's batch, on any machine."""
+    if args.stub:
+        vocab = llm.model.config.vocab_size
+
+        def zero_logits(rows):
+            return torch.zeros(rows, vocab)
+
+        llm._run_batch = lambda batch: zero_logits(len(batch.logits_indices))
+        llm._run_group = lambda chunks, res, rows: zero_logits(sum(c.samples for c in chunks))
+    return llm
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_args(parser, "fast_engine")
+    parser.add_argument("--stub", action="store_true",
+                        help="zero logits instead of the model: the host's work alone")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    on_gpu = torch.cuda.is_available()
-    quick = args.quick or not on_gpu
+    on_gpu = torch.cuda.is_available() and not args.stub
+    quick = (args.quick or not on_gpu) and not args.stub
     num_requests = args.num_requests or (8 if quick else 256)
-    max_tokens = args.max_tokens or (24 if quick else 512)
+    max_tokens = args.max_tokens or (24 if quick else 64 if args.stub else 512)
     lo, hi = (16, 64) if quick else (100, 1024)
     dtype = torch.bfloat16 if on_gpu else torch.float32
 
     from minipaged.scheduler import SamplingParams
 
     LLM = importlib.import_module(f"minipaged.{args.engine}").LLM
-    config = qwen3_06b_config(quick and not on_gpu)
+    if args.stub:  # only the vocabulary matters: the forward never runs
+        from minipaged.qwen3 import tiny_qwen3_config
+        config = tiny_qwen3_config(max_position_embeddings=4096)
+    else:
+        config = qwen3_06b_config(quick and not on_gpu)
     model = build_model(config, "cuda" if on_gpu else "cpu", dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     overlap = {"overlap_scheduling": False} if args.engine == "fast_engine" else {}
-    llm = LLM(model, block_size=16, max_num_seqs=256, **overlap)
+    sizing = {"num_blocks": 40_000} if args.stub else {}
+    llm = stubbed(LLM(model, block_size=16, max_num_seqs=256, **overlap, **sizing), args)
     timer = PhaseTimer()
     totals, walls, rows = defaultdict(float), decode_step_walls(llm, prompts, params, timer), 0
     for wall, phases, batch in walls:
@@ -170,7 +196,7 @@ def main(argv=None) -> int:
         gc.collect()  # the first engine's cache goes before the second's is sized
         if on_gpu:
             torch.cuda.empty_cache()
-        llm = LLM(model, block_size=16, max_num_seqs=256)
+        llm = stubbed(LLM(model, block_size=16, max_num_seqs=256, **sizing), args)
         walls_overlapped = decode_step_walls(llm, prompts, params, None)
         overlapped = 1e3 * sum(w for w, _, _ in walls_overlapped) / len(walls_overlapped)
     result = record_header(args.engine, num_requests, (lo, hi), max_tokens, dtype)
@@ -182,7 +208,8 @@ def main(argv=None) -> int:
     })
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"step_phases_{args.engine}_{'h200' if on_gpu else 'cpu'}.json"
+    where = "stub" if args.stub else "h200" if on_gpu else "cpu"
+    path = out / f"step_phases_{args.engine}_{where}.json"
     path.write_text(json.dumps(result, indent=1))
     for p in PHASES:
         print(f"{p:<13} {ms[p]:8.3f} ms/step")

@@ -603,7 +603,7 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1690
+    # %% chapters/13_fast_engine.md:1693
     def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
         """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
         the GPU runs the one before."""
@@ -627,7 +627,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1725
+    # %% chapters/13_fast_engine.md:1728
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -674,7 +674,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1781
+    # %% chapters/13_fast_engine.md:1784
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -737,8 +737,9 @@ class OverlapScheduler(Scheduler):
                 or (self.waiting and len(running) < config.max_num_seqs)
                 or self._free_after(0) < len(running)):  # at most a new block each
             return False
-        return all(s.output_token_ids and s.num_computed_tokens == s.num_tokens - 1
-                   for s in running)
+        return all(s.output_token_ids  # Sequence.num_uncomputed_tokens == 1, written out
+                   and len(s.prompt_token_ids) + len(s.output_token_ids)
+                   - s.num_computed_tokens == 1 for s in running)
 
     def commit_unresolved(self, out: SchedulerOutput, stopped: dict) -> list[Sequence]:
         """Commit a decode step whose tokens are still on the GPU: each sequence gets
@@ -751,10 +752,11 @@ class OverlapScheduler(Scheduler):
             seq = chunk.seq
             status = stopped.get(seq.seq_id)
             if status is None:
+                outputs = seq.output_token_ids
                 seq.num_computed_tokens = chunk.start + 1
-                seq.output_token_ids.append(UNRESOLVED)
-                if (len(seq.output_token_ids) >= seq.params.max_tokens
-                        or seq.num_tokens >= limit):
+                outputs.append(UNRESOLVED)
+                if (len(outputs) >= seq.params.max_tokens
+                        or len(seq.prompt_token_ids) + len(outputs) >= limit):
                     status = SequenceStatus.FINISHED_LENGTH
             if status is not None:
                 self._finish(seq, status, now)
@@ -764,7 +766,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1634
+    # %% chapters/13_fast_engine.md:1636
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -783,9 +785,10 @@ class OverlapScheduler(Scheduler):
                 continue
             if tell is not None:
                 tell(seq.seq_id, (token,))
-            status = self._stop_reason(seq, token, eos_token_id)
-            if status is not None:
-                stopped[seq.seq_id] = status
+            if token == eos_token_id or seq.params.stop_token_ids:  # else it cannot stop
+                status = self._stop_reason(seq, token, eos_token_id)
+                if status is not None:
+                    stopped[seq.seq_id] = status
         if stopped and not keep_running:
             for seq in seqs:
                 if seq.seq_id in stopped:
@@ -796,7 +799,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1673
+# %% chapters/13_fast_engine.md:1676
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""

@@ -55,3 +55,16 @@ def test_sweep_fp8_decode_says_it_needs_a_gpu_with_fp8(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a GPU with FP8" in done.stdout
     assert not any(tmp_path.iterdir())
+
+
+def test_profile_step_phases_stub_run_times_every_phase(tmp_path):
+    """The host's work alone (zero logits for the model), with and without the overlap."""
+    from benchmarks import profile_step_phases
+
+    argv = ["--stub", "--num-requests", "6", "--max-tokens", "5", "--out", str(tmp_path)]
+    assert profile_step_phases.main(argv) == 0
+    data = json.loads((tmp_path / "step_phases_fast_engine_stub.json").read_text())
+    assert set(data["ms_per_step"]) == set(profile_step_phases.PHASES)
+    assert data["decode_steps"] > 0 and data["mean_batch"] > 1
+    assert data["ms_per_step"]["schedule"] > 0 and data["ms_per_step"]["commit"] > 0
+    assert data["overlapped_wall_ms_per_step"] > 0
