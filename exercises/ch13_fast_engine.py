@@ -18,3 +18,15 @@ def next_to_fuse(profile: dict) -> str:
     """Exercise 13.2: the part of a decode step whose removal saves the most time."""
     raise NotImplementedError("Exercise 13.2: return 'host' or a class name "
                               "(edit exercises/ch13_fast_engine.py, next_to_fuse)")
+
+
+def plannable(running: list[tuple[int, int, int]], num_waiting: int, num_swapped: int,
+              free_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> bool:
+    """Exercise 13.3: whether the next step is sure to be a plain decode step.
+
+    ``running`` holds one ``(prompt tokens, output tokens, computed tokens)`` per running
+    sequence; ``free_blocks`` is what the scheduler may still claim (after its watermark).
+    """
+    raise NotImplementedError("Exercise 13.3: return True only when nothing but one decode "
+                              "token per running sequence can be scheduled "
+                              "(edit exercises/ch13_fast_engine.py, plannable)")

@@ -603,7 +603,7 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1693
+    # %% chapters/13_fast_engine.md:1692
     def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
         """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
         the GPU runs the one before."""
@@ -627,7 +627,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1728
+    # %% chapters/13_fast_engine.md:1727
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -674,7 +674,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1784
+    # %% chapters/13_fast_engine.md:1783
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -721,7 +721,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1582
+# %% chapters/13_fast_engine.md:1581
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -766,7 +766,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1636
+    # %% chapters/13_fast_engine.md:1635
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -799,7 +799,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1676
+# %% chapters/13_fast_engine.md:1675
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""

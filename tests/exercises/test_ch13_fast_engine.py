@@ -104,3 +104,22 @@ def test_13_2_next_to_fuse():
     assert ex.next_to_fuse(profile(100, attention=(9000, 3000), GEMM=(900, 800), glue=2000,
                                    copies=300, other=100)) == "attention"
     assert ex.next_to_fuse(profile(10, attention=(100, 90), GEMM=(3000, 500), glue=20)) == "GEMM"
+
+
+# -- 13.3: which steps may be planned before the previous step's tokens are known ---------------
+
+def test_13_3_plannable():
+    decoding = [(10, 3, 12), (5, 1, 5), (40, 7, 46)]
+    ok = dict(num_waiting=0, num_swapped=0, free_blocks=8, max_num_seqs=8,
+              max_num_batched_tokens=64)
+    assert ex.plannable(decoding, **ok)
+    assert not ex.plannable([], **ok), "no running sequence: nothing to plan"
+    assert not ex.plannable(decoding, **{**ok, "num_waiting": 1}), "a waiting request fits"
+    assert ex.plannable(decoding, **{**ok, "num_waiting": 5, "max_num_seqs": 3}), \
+        "waiting requests cannot be admitted while max_num_seqs run"
+    assert not ex.plannable(decoding, **{**ok, "num_swapped": 1}), "a swap-in comes first"
+    assert not ex.plannable(decoding, **{**ok, "free_blocks": 2}), "a preemption may follow"
+    assert ex.plannable(decoding, **{**ok, "free_blocks": 3}), "one new block each at most"
+    assert not ex.plannable(decoding, **{**ok, "max_num_batched_tokens": 2}), "over the budget"
+    assert not ex.plannable(decoding + [(30, 0, 16)], **ok), "a prompt still being prefilled"
+    assert not ex.plannable(decoding + [(8, 0, 7)], **ok), "a first token (forks, TTFT) is due"
