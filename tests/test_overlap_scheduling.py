@@ -1,6 +1,7 @@
 """Chapter 13's overlap scheduling: a decode step planned and committed before the previous step's
 tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +82,28 @@ def test_overlap_gives_what_the_synchronous_engine_gives(setup, data):
     want, _ = served(hf, chosen, params, False, **kw)
     got, _ = served(hf, chosen, params, True, **kw)
     assert got == want
+
+
+def test_a_failed_overlapped_step_frees_everything_and_the_engine_serves_again(setup, monkeypatch):
+    """The forward of an overlapped step fails while the previous step is in flight: the call
+    raises, every block comes back, and the next call is served as if nothing had happened."""
+    hf, prompts, reference = setup
+    llm = LLM(hf, block_size=4, num_blocks=256, check_invariants=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    real, calls = llm._decode_after, []
+
+    def fail_on_the_third(previous, out):
+        calls.append(out)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(previous, out)
+
+    monkeypatch.setattr(llm, "_decode_after", fail_on_the_third)
+    with pytest.raises(RuntimeError, match="boom"):
+        llm.generate(prompts, greedy, use_tqdm=False)
+    assert not llm.has_unfinished_requests() and not llm._requests and llm._in_flight is None
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    llm.scheduler.check_invariants()
+    monkeypatch.undo()
+    outputs = llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:NEW] for r in reference]
