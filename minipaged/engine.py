@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1063
+    # %% chapters/11_engine.md:1067
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -360,6 +360,10 @@ class LLM:
         seed = params.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidRequestError(f"seed must be an integer or None, got {seed!r}")
+        seats = self.scheduler.config.max_num_seqs
+        if params.n > seats:
+            raise InvalidRequestError(f"n = {params.n} sequences never fit the running batch "
+                                      + f"(max_num_seqs = {seats})")
 
 
     def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
@@ -369,7 +373,7 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # %% chapters/11_engine.md:676
+    # %% chapters/11_engine.md:680
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once (twice when prefills and decodes mix), sample,
         commit.
@@ -404,7 +408,7 @@ class LLM:
                 finished.append(self._output(self._requests.pop(request_id)))
         return finished
 
-    # %% chapters/11_engine.md:718
+    # %% chapters/11_engine.md:722
     def _execute(self, out: SchedulerOutput, read):
         """Run a scheduled step (block moves, forward); return ``read(logits, samplers)``.
 
@@ -428,7 +432,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:757
+    # %% chapters/11_engine.md:761
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -461,7 +465,7 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:799
+    # %% chapters/11_engine.md:803
     def _run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -483,7 +487,7 @@ class LLM:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:830
+    # %% chapters/11_engine.md:834
     def _sample(self, logits, samplers) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
@@ -519,7 +523,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:879
+    # %% chapters/11_engine.md:883
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -577,12 +581,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1082
+    # %% chapters/11_engine.md:1086
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1147
+    # %% chapters/11_engine.md:1151
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -591,7 +595,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1186
+    # %% chapters/11_engine.md:1190
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -621,7 +625,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1347
+    # %% chapters/11_engine.md:1351
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -673,7 +677,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1408
+    # %% chapters/11_engine.md:1412
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -706,7 +710,7 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1579
+    # %% chapters/11_engine.md:1583
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -716,7 +720,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1332
+# %% chapters/11_engine.md:1336
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -729,7 +733,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1490
+# %% chapters/11_engine.md:1494
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -769,7 +773,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1536
+    # %% chapters/11_engine.md:1540
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

@@ -427,11 +427,20 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:817
+    # %% chapters/10_scheduler.md:819
+    def _seats(self, seq: Sequence) -> int:
+        """Running seats ``seq`` holds once it samples: ``n`` for a request's first sequence
+        before its first token (its siblings fork then), else 1."""
+        forks = seq.params.n > 1 and seq.sample_index == 0 and not seq.output_token_ids
+        return seq.params.n if forks else 1
+
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
-        if self.swapped:  # parked sequences come back before anyone new is admitted
+        if self.swapped or not self.waiting:  # parked sequences come back first
             return
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        seats = sum(self._seats(s) for s in self.running)  # siblings still to fork included
+        while (self.waiting and seats + self._seats(self.waiting[0])
+               <= self.config.max_num_seqs):
             seq = self.waiting[0]
             tokens, hits = (self._prefix_hit(seq) if self._caches_prefixes
                             else (None, []))
@@ -455,11 +464,12 @@ class Scheduler:
                 self.manager.create_sequence(seq.seq_id)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            seats += self._seats(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:864
+    # %% chapters/10_scheduler.md:877
     def commit(self, out: SchedulerOutput, sampled: dict[int, int],
                eos_token_id: int | None = None,
                forks: list[tuple[Sequence, Sequence, int]] = (),
@@ -492,7 +502,7 @@ class Scheduler:
             events.append((child, token))
         return self._append_tokens(events, eos_token_id, now)
 
-    # %% chapters/10_scheduler.md:905
+    # %% chapters/10_scheduler.md:918
     def _append_tokens(self, events: list[tuple[Sequence, int]],
                        eos_token_id: int | None, now: float) -> list[Sequence]:
         append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
@@ -520,7 +530,7 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/10_scheduler.md:937
+    # %% chapters/10_scheduler.md:950
     def abort_step(self, out: SchedulerOutput) -> None:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
@@ -535,7 +545,7 @@ class Scheduler:
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:959
+    # %% chapters/10_scheduler.md:972
     def _stop_reason(self, seq: Sequence, token: int,
                      eos_token_id: int | None) -> SequenceStatus | None:
         params = seq.params
@@ -577,7 +587,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1138
+    # %% chapters/10_scheduler.md:1151
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -588,7 +598,9 @@ class Scheduler:
         return True
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int]) -> None:
-        while self.swapped and len(self.running) < self.config.max_num_seqs:
+        seats = sum(self._seats(s) for s in self.running)
+        while (self.swapped and seats + self._seats(self.swapped[0])
+               <= self.config.max_num_seqs):
             seq = self.swapped[0]
             n = seq.num_uncomputed_tokens
             need = blocks_needed(seq.num_computed_tokens + n, self.block_size)
@@ -598,11 +610,12 @@ class Scheduler:
             out.swap_in.extend(self.manager.swap_in(seq.seq_id))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            seats += self._seats(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1291
+    # %% chapters/10_scheduler.md:1307
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
         a step: admission counts with them and attaches them)."""

@@ -329,3 +329,18 @@ def engine_for_mixes(setup):
     hf, prompts, reference = setup
     llm = LLM(hf, block_size=4, num_blocks=128, max_model_len=256, check_invariants=True)
     return llm, prompts[1], reference[1]
+
+
+@ENGINES
+def test_n_siblings_count_as_seats_before_they_fork(setup, engine):
+    """Requests with n > 1 fork at their first token: admission counts those seats first, so
+    the running batch never holds more than max_num_seqs sequences (invariants each step)."""
+    hf, prompts, _ = setup
+    params = SamplingParams(temperature=0.8, seed=1, n=3, max_tokens=3, ignore_eos=True)
+    llm = engine(hf, block_size=4, num_blocks=64, max_num_seqs=4, check_invariants=True)
+    outputs = llm.generate(prompts[:3], params, use_tqdm=False)
+    assert [len(o.outputs) for o in outputs] == [3, 3, 3]
+    assert max(s.num_running for s in llm.scheduler.timeline) <= 4
+    with pytest.raises(InvalidRequestError, match="max_num_seqs"):
+        llm.add_request(prompts[0], SamplingParams(n=5))
+    assert not llm.has_unfinished_requests()

@@ -2,6 +2,7 @@
 tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,66 @@ def test_a_failed_overlapped_step_frees_everything_and_the_engine_serves_again(s
     monkeypatch.undo()
     outputs = llm.generate(prompts, greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == [r[:NEW] for r in reference]
+
+
+class _TokenRule(torch.nn.Module):
+    """A stand-in model whose next token is a fixed function of the input token and its
+    position: fast, and any input fed wrongly (a placeholder, another row's token) changes
+    the outputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+        self.vocab = model.config.vocab_size
+
+    def forward(self, batch, cache):
+        rows = batch.logits_indices.to(batch.input_ids.device)
+        ids, positions = batch.input_ids[rows], batch.positions.to(rows.device)[rows]
+        assert (ids >= 0).all(), "a placeholder reached the model"
+        logits = torch.zeros(len(rows), self.vocab)
+        logits[torch.arange(len(rows)), (ids * 31 + positions * 7 + 1) % 64] = 4.0
+        return logits
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+
+def _served_by_rule(hf, prompts, params, overlap, eos, **kw):
+    llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
+    llm.model, llm.eos_token_id = _TokenRule(llm.model), eos
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    assert not llm.has_unfinished_requests() and llm._in_flight is None
+    return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outputs], llm
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_overlap_matches_the_synchronous_engine_on_many_random_runs(setup, data):
+    """Many more random runs than the real model allows: a stand-in model, end-of-sequence and
+    stop tokens it really draws, n > 1, preemption by recompute and by swap, prefix caching."""
+    hf, _, _ = setup
+    prompts = data.draw(st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=14),
+                                 min_size=1, max_size=6))
+    max_num_seqs = data.draw(st.sampled_from([2, 4, 16]))
+    params = []
+    for _ in prompts:
+        sampled = data.draw(st.booleans())
+        params.append(SamplingParams(
+            temperature=0.8 if sampled else 0.0, seed=data.draw(st.integers(0, 9)),
+            n=data.draw(st.integers(1, min(3, max_num_seqs))) if sampled else 1,
+            max_tokens=data.draw(st.integers(1, 12)),
+            stop_token_ids=data.draw(st.lists(st.integers(0, 63), max_size=2)),
+            ignore_eos=data.draw(st.booleans())))
+    kw = dict(block_size=data.draw(st.sampled_from([1, 2, 4])),
+              num_blocks=data.draw(st.sampled_from([16, 24, 64, 256])),
+              enable_prefix_caching=data.draw(st.booleans()),
+              preemption_mode=data.draw(st.sampled_from(["recompute", "swap"])),
+              max_num_seqs=max_num_seqs)
+    eos = data.draw(st.integers(0, 63))
+    want, _ = _served_by_rule(hf, prompts, params, False, eos, **kw)
+    got, llm = _served_by_rule(hf, prompts, params, True, eos, **kw)
+    assert got == want
