@@ -171,3 +171,40 @@ def test_overlap_matches_the_synchronous_engine_on_many_random_runs(setup, data)
     want, _ = _served_by_rule(hf, prompts, params, False, eos, **kw)
     got, llm = _served_by_rule(hf, prompts, params, True, eos, **kw)
     assert got == want
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), overlap=st.booleans())
+def test_cancellations_at_random_steps_leave_nothing_behind(setup, data, overlap):
+    """Requests cancelled at random steps, with or without a step in flight: every output holds
+    true tokens only, the others still match a run without cancellations, every block is freed."""
+    hf, _, _ = setup
+    prompts = data.draw(st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=10),
+                                 min_size=2, max_size=6))
+    params = SamplingParams(temperature=0.0, max_tokens=data.draw(st.integers(2, 10)),
+                            ignore_eos=True)
+    kw = dict(block_size=data.draw(st.sampled_from([1, 4])),
+              num_blocks=data.draw(st.sampled_from([16, 64, 256])),
+              preemption_mode=data.draw(st.sampled_from(["recompute", "swap"])))
+    want, _ = _served_by_rule(hf, prompts, params, overlap, None, **kw)
+    llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
+    llm.model = _TokenRule(llm.model)
+    ids = [llm.add_request(p, params) for p in prompts]
+    cancel_at = data.draw(st.lists(st.integers(0, 12), max_size=3))
+    outputs, step = {}, 0
+    while llm.has_unfinished_requests():
+        if step in cancel_at:
+            live = [i for i in ids if i in llm._requests or any(o.request_id == i
+                                                                 for o in llm._ready)]
+            if live:
+                out = llm.abort_request(data.draw(st.sampled_from(live)))
+                outputs[out.request_id] = out
+        outputs.update((o.request_id, o) for o in llm.step())
+        step += 1
+    assert sorted(outputs) == ids and llm.manager.num_free_blocks == llm.manager.num_physical_blocks
+    for k, i in enumerate(ids):
+        got = outputs[i].outputs[0]
+        assert UNRESOLVED not in got.token_ids
+        assert got.token_ids == want[k][0][0][:len(got.token_ids)]   # a prefix of the full run
+        if got.finish_reason != "abort":
+            assert (got.token_ids, got.finish_reason) == want[k][0]
