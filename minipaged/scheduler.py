@@ -587,7 +587,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1151
+    # %% chapters/10_scheduler.md:1154
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -603,8 +603,10 @@ class Scheduler:
                <= self.config.max_num_seqs):
             seq = self.swapped[0]
             n = seq.num_uncomputed_tokens
+            if n > budget[0] and self.config.enable_chunked_prefill:
+                n = budget[0]  # a prompt parked mid-prefill: a chunk now
             need = blocks_needed(seq.num_computed_tokens + n, self.block_size)
-            if n > budget[0] or need > self._free_after(budget[1]):
+            if n == 0 or n > budget[0] or need > self._free_after(budget[1]):
                 return
             self.swapped.popleft()
             out.swap_in.extend(self.manager.swap_in(seq.seq_id))
@@ -615,7 +617,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1307
+    # %% chapters/10_scheduler.md:1312
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
         a step: admission counts with them and attaches them)."""

@@ -148,7 +148,8 @@ def _served_by_rule(hf, prompts, params, overlap, eos, **kw):
 @given(data=st.data())
 def test_overlap_matches_the_synchronous_engine_on_many_random_runs(setup, data):
     """Many more random runs than the real model allows: a stand-in model, end-of-sequence and
-    stop tokens it really draws, n > 1, preemption by recompute and by swap, prefix caching."""
+    stop tokens it really draws, n > 1, preemption by recompute and by swap, prefix caching,
+    chunked prefill, token budgets smaller than the batch."""
     hf, _, _ = setup
     prompts = data.draw(st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=14),
                                  min_size=1, max_size=6))
@@ -166,7 +167,9 @@ def test_overlap_matches_the_synchronous_engine_on_many_random_runs(setup, data)
               num_blocks=data.draw(st.sampled_from([16, 24, 64, 256])),
               enable_prefix_caching=data.draw(st.booleans()),
               preemption_mode=data.draw(st.sampled_from(["recompute", "swap"])),
-              max_num_seqs=max_num_seqs)
+              max_num_seqs=max_num_seqs,
+              enable_chunked_prefill=data.draw(st.booleans()),
+              max_num_batched_tokens=data.draw(st.sampled_from([3, 8, 8192])))
     eos = data.draw(st.integers(0, 63))
     want, _ = _served_by_rule(hf, prompts, params, False, eos, **kw)
     got, llm = _served_by_rule(hf, prompts, params, True, eos, **kw)

@@ -225,3 +225,19 @@ def test_copy_on_write_never_eats_into_the_watermark(seed, watermark, mode):
             forks.append((parent, child, 2))
         scheduler.commit(out, sampled, forks=forks)
         scheduler.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), num_blocks=st.integers(10, 24), block_size=st.sampled_from([1, 2, 4]),
+       budget=st.integers(2, 8))
+def test_a_prompt_swapped_out_mid_prefill_comes_back_in_chunks(seed, num_blocks, block_size, budget):
+    """Chunked prefill under a small token budget, preemption by swap: a sequence parked in the
+    middle of its prefill comes back for a chunk that fits the budget; nothing stalls."""
+    capacity = num_blocks * block_size
+    manager = SharingBlockManager(num_blocks, block_size, num_cpu_blocks=4 * num_blocks)
+    scheduler = Scheduler(manager, SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=capacity,
+        enable_chunked_prefill=True, preemption_mode="swap"))
+    add_workload(scheduler, 8, seed, prompt=(1, min(20, capacity - 1)), new=(1, 12))
+    run_to_end(scheduler)
+    assert manager.num_free_blocks == num_blocks and manager.num_sequences == 0
