@@ -2,6 +2,7 @@
 
     python benchmarks/bench_decode_attention.py --out DIR [--quick] [--tune] [--no-flex]
     python benchmarks/bench_decode_attention.py --out DIR --ragged [--quick]
+    python benchmarks/bench_decode_attention.py --out DIR --balanced [--quick]
 
 Writes DIR/decode_attention.json and DIR/kv_cache_layout.json, each
 {"device", "date", "command", "rows": [{"shape": {...}, "impl": ..., "median_us": ..., "gbps": ...}]}.
@@ -15,6 +16,11 @@ own sequence's length), with the rule that cuts every sequence like the longest 
 full table row), on tables as wide as the lengths need and as wide as a CUDA graph's (40,960
 tokens) (with ``--sweep``, also a sweep of the split parameters); and the uniform shapes against SDPA on a contiguous
 cache. Fractions are of the copy bandwidth.
+
+``--balanced`` writes DIR/decode_attention_balanced.json: the same ragged batches (tables as wide as
+a CUDA graph's where the lengths are shorter) with chapter 8's split-KV and with chapter 13's work
+split by tokens (``plan_decode_work``), and the uniform shapes against SDPA on a contiguous cache,
+all timed as CUDA graph replays (``triton.testing.do_bench_cudagraph``), as the engine runs them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -350,12 +357,73 @@ def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dic
     return rows
 
 
+def bench_graph(fn) -> float:
+    """Median microseconds of fn() replayed in a CUDA graph: no host launch time."""
+    import triton.testing
+
+    return 1000.0 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def balanced_rows(quick: bool = False, log=print) -> dict:
+    """Ragged and uniform batches: chapter 8's split-KV against the work split by tokens."""
+    from minipaged.decode_attention import paged_attention_reference
+    from minipaged.fast_engine import balanced_paged_attention, plan_decode_work
+
+    copy = COPY_TBPS * 1e12
+    ragged = []
+    sizes = RAGGED_SIZES[1:2] if quick else RAGGED_SIZES
+    heads = RAGGED_HEADS[:1] if quick else RAGGED_HEADS
+    for (batch, length), (hq, hkv, d) in ((a, b) for a in sizes for b in heads):
+        case = RaggedCase(batch, length, hq, hkv, d, 16, width=max(length, GRAPH_TOKENS))
+        lens = case.lens.tolist()
+        start = time.perf_counter()
+        work = plan_decode_work(lens, case.cache)
+        plan_us = 1e6 * (time.perf_counter() - start)
+        ref = paged_attention_reference(case.query, case.cache, 0, case.tables, case.lens)
+        balanced = lambda: balanced_paged_attention(case.query, case.cache, 0, case.tables,
+                                                    case.lens, work)
+        err = max(rel_err(case.ours(), ref), rel_err(balanced(), ref))
+        assert err < 2e-2, f"a decode kernel disagrees with the reference: {err:.2e}"
+        package_us, balanced_us = bench_graph(case.ours), bench_graph(balanced)
+        ragged.append(dict(
+            batch=batch, max_len=length, q_heads=hq, kv_heads=hkv, head_dim=d,
+            table_tokens=case.tables.shape[1] * 16, kv_bytes=case.bytes,
+            package_us=round(package_us, 2),
+            package_fraction=round(case.bytes / (package_us * 1e-6) / copy, 3),
+            balanced_us=round(balanced_us, 2),
+            balanced_fraction=round(case.bytes / (balanced_us * 1e-6) / copy, 3),
+            items=work.items.shape[0], chunk=work.chunk, any_split=work.any_split,
+            plan_us=round(plan_us, 1), rel_err=round(err, 5)))
+        log(f"B={batch:3d} L={length:6d} H={hq}/{hkv} D={d:3d}: chapter 8 {package_us:7.1f} us "
+            f"({ragged[-1]['package_fraction']:.0%}), by tokens {balanced_us:7.1f} us "
+            f"({ragged[-1]['balanced_fraction']:.0%}), {work.items.shape[0]} items")
+        del case
+        torch.cuda.empty_cache()
+    uniform = []
+    for batch, length in SIZES[:1] if quick else SIZES:
+        case = Case(batch, length, 32, 8, 128, 16)
+        work = plan_decode_work([length] * batch, case.cache)
+        balanced_us = bench_graph(lambda: balanced_paged_attention(
+            case.query, case.cache, 0, case.tables, case.lens, work))
+        sdpa_us = min(bench_graph(case.sdpa_gqa), bench_graph(case.sdpa_grouped))
+        uniform.append(dict(batch=batch, seq_len=length, sdpa_us=round(sdpa_us, 2),
+                            package_us=round(bench_graph(case.ours), 2),
+                            balanced_us=round(balanced_us, 2),
+                            balanced_vs_sdpa=round(sdpa_us / balanced_us, 3)))
+        log(f"uniform B={batch} L={length}: by tokens {balanced_us:.1f} us, "
+            f"{sdpa_us / balanced_us:.2f}x SDPA contiguous")
+        del case
+    return {"timing": "CUDA graph replays, median (triton.testing.do_bench_cudagraph)",
+            "ragged": ragged, "uniform": uniform}
+
+
 def header(command: str) -> dict:
     props = torch.cuda.get_device_properties(0)
     return {"device": f"{props.name} ({props.multi_processor_count} SMs, "
                       f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}",
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": command, "copy_bandwidth_tbps": COPY_TBPS}
+            "command": command, "copy_bandwidth_tbps": COPY_TBPS,
+            **({"commit": os.environ["GIT_COMMIT"]} if os.environ.get("GIT_COMMIT") else {})}
 
 
 def main() -> int:
@@ -365,6 +433,8 @@ def main() -> int:
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (slow to compile)")
     parser.add_argument("--ragged", action="store_true", help="only the ragged batches")
+    parser.add_argument("--balanced", action="store_true",
+                        help="only chapter 8's split-KV vs the work split by tokens")
     parser.add_argument("--sweep", action="store_true",
                         help="with --ragged: also sweep the split parameters")
     args = parser.parse_args()
@@ -377,6 +447,10 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     save = lambda name, rows: (out / name).write_text(json.dumps(header(command) | {"rows": rows},
                                                                             indent=1))
+    if args.balanced:
+        (out / "decode_attention_balanced.json").write_text(json.dumps(
+            header(command) | balanced_rows(args.quick), indent=1))
+        return 0
     if args.ragged:
         save("decode_attention_ragged.json", ragged_rows(args.quick, args.sweep))
         return 0

@@ -15,15 +15,20 @@ interface serves it. ``LLM`` is chapter 11's engine serving this model.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import nn
 
+from minipaged.decode_attention import (PagedAttentionError, _attend_tiles,
+                                        _check_inputs, _check_tables, _fp32_precision,
+                                        _launch_config, _num_sms, _output_for)
 from minipaged.engine import LLM as EngineLLM
 from minipaged.engine import sample
 from minipaged.fp8_kv_cache import LLM as QuantizedCacheLLM
@@ -33,13 +38,15 @@ from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
                              Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
                              prefill_attention, rope_cos_sin)
 from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
+from minipaged.sizing import ceil_div
 
 __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
     "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
     "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
     "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
-    "OverlapScheduler", "UNRESOLVED",
+    "OverlapScheduler", "UNRESOLVED", "DecodeWork", "work_chunk", "plan_decode_work",
+    "balanced_paged_attention",
 ]
 
 
@@ -57,7 +64,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:371
+# %% chapters/13_fast_engine.md:378
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -101,7 +108,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:501
+# %% chapters/13_fast_engine.md:508
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -121,7 +128,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:530
+# %% chapters/13_fast_engine.md:537
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -164,7 +171,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:578
+# %% chapters/13_fast_engine.md:585
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -196,7 +203,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:667
+# %% chapters/13_fast_engine.md:674
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -232,7 +239,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:737
+# %% chapters/13_fast_engine.md:744
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -259,7 +266,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:825
+# %% chapters/13_fast_engine.md:832
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -291,7 +298,7 @@ class PrefillPlan:
         return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:878
+# %% chapters/13_fast_engine.md:885
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -348,7 +355,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:946
+# %% chapters/13_fast_engine.md:953
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -393,7 +400,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1097
+# %% chapters/13_fast_engine.md:1104
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -437,7 +444,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1149
+# %% chapters/13_fast_engine.md:1156
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -460,7 +467,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1179
+# %% chapters/13_fast_engine.md:1186
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -503,7 +510,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1300
+# %% chapters/13_fast_engine.md:1307
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -543,7 +550,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1348
+# %% chapters/13_fast_engine.md:1355
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -576,7 +583,7 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-# %% chapters/13_fast_engine.md:1452
+# %% chapters/13_fast_engine.md:1459
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
@@ -603,7 +610,7 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1692
+    # %% chapters/13_fast_engine.md:1699
     def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
         """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
         the GPU runs the one before."""
@@ -627,7 +634,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1727
+    # %% chapters/13_fast_engine.md:1734
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -674,7 +681,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1783
+    # %% chapters/13_fast_engine.md:1790
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -721,7 +728,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1581
+# %% chapters/13_fast_engine.md:1588
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -766,7 +773,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1635
+    # %% chapters/13_fast_engine.md:1642
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -799,7 +806,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1675
+# %% chapters/13_fast_engine.md:1682
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -809,3 +816,180 @@ class InFlightStep:
     host: torch.Tensor    # [rows] their copy on the host (pinned on a GPU)
     ready: object         # the CUDA event of that copy (None on a CPU)
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
+
+
+# %% chapters/13_fast_engine.md:2101
+@dataclass(frozen=True)
+class DecodeWork:
+    """A decode batch cut into work items of at most ``chunk`` tokens.
+
+    ``items [W, 4]`` int32 holds (sequence, start, end, direct) per item; a sequence
+    cut into one item is ``direct`` (its program writes the output, no merge).
+    ``first_item [B + 1]`` int32: sequence ``b``'s items are
+    ``first_item[b]:first_item[b + 1]``. ``config`` is the kernel's (tile, warps,
+    stages); ``block_size`` the cache's it was planned for.
+    """
+
+    items: torch.Tensor
+    first_item: torch.Tensor
+    chunk: int
+    any_split: bool
+    config: tuple[int, int, int]
+    block_size: int
+
+
+def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
+               programs_per_sm: int = 4, min_chunk: int = 128) -> int:
+    """Tokens per item: the batch's tokens over ``programs_per_sm`` programs per SM
+    (each item runs one program per KV head), in whole granules, at least
+    ``min_chunk``."""
+    items = max(1, programs_per_sm * num_sms // num_kv_heads)
+    chunk = ceil_div(ceil_div(max(total_tokens, 1), items), granule) * granule
+    return max(chunk, ceil_div(min_chunk, granule) * granule)
+
+
+# %% chapters/13_fast_engine.md:2137
+def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
+                     programs_per_sm: int = 4, min_chunk: int = 128,
+                     num_sms: int | None = None) -> DecodeWork:
+    """Cut each sequence of ``seq_lens`` (host integers) into chunks of equal tokens.
+
+    The chunk spreads the batch's tokens over about ``programs_per_sm`` programs per
+    SM (``num_sms``, default: the device's); a length 0 gets one empty item, so its
+    output is zeros.
+    """
+    lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    if lens.size and lens.min() < 0:
+        raise PagedAttentionError(f"seq_lens must be >= 0, got {int(lens.min())}")
+    device = cache.storage.device if device is None else torch.device(device)
+    split_config = _launch_config(cache.head_dim, device, split=True)
+    granule = max(split_config[0], cache.block_size)
+    chunk = work_chunk(int(lens.sum()), cache.num_kv_heads, num_sms or _num_sms(device),
+                       granule, programs_per_sm, min_chunk)
+    counts = np.maximum(1, -(-lens // chunk))
+    first = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    seq = np.repeat(np.arange(lens.size), counts)
+    start = (np.arange(first[-1]) - first[seq]) * chunk
+    end = np.minimum(start + chunk, lens[seq])
+    items = np.stack([seq, start, end, counts[seq] == 1], axis=1)
+    packed = torch.from_numpy(np.concatenate([items.ravel(), first]).astype(np.int32))
+    packed = packed.to(device)                      # one host-to-device copy
+    any_split = bool(counts.max(initial=1) > 1)
+    config = split_config if any_split else _launch_config(cache.head_dim, device, False)
+    return DecodeWork(packed[:items.size].view(-1, 4), packed[items.size:], chunk,
+                      any_split, config, cache.block_size)
+
+
+# %% chapters/13_fast_engine.md:2229
+@triton.jit
+def _balanced_decode_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
+        scale_log2, group, stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
+        stride_block, stride_token, stride_head,
+        GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, FP32_PRECISION: tl.constexpr):
+    item = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    b = tl.load(items_ptr + 4 * item).to(tl.int64)
+    start = tl.load(items_ptr + 4 * item + 1)
+    end = tl.load(items_ptr + 4 * item + 2)
+    direct = tl.load(items_ptr + 4 * item + 3)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    row_ok = rows < group
+    heads = kv_head * group + rows
+    out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=out_mask, other=0.0)
+    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
+                              kv_head * stride_head, start, end, scale_log2,
+                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
+                              BLOCK_SIZE, TILE, FP32_PRECISION)
+    result = acc / tl.where(l > 0, l, 1.0)[:, None]     # an empty item: zeros
+    if direct != 0:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 result.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:                                               # item slot [W, Hq]
+        part = item * group * tl.num_programs(1) + heads
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result,
+                 mask=out_mask)
+        tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
+        tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
+
+
+# %% chapters/13_fast_engine.md:2273
+@triton.jit
+def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
+                        stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        DIM_PAD: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    first = tl.load(first_ptr + b)
+    last = tl.load(first_ptr + b + 1)
+    if last - first > 1:
+        dims = tl.arange(0, DIM_PAD)
+        m_run = -float("inf")
+        l_run = 0.0
+        acc = tl.zeros([DIM_PAD], dtype=tl.float32)
+        for group_start in range(first, last, ITEMS):
+            items = group_start + tl.arange(0, ITEMS)
+            ok = items < last
+            part = items.to(tl.int64) * tl.num_programs(1) + h
+            m = tl.load(part_ml_ptr + 2 * part, mask=ok, other=-float("inf"))
+            l = tl.load(part_ml_ptr + 2 * part + 1, mask=ok, other=0.0)
+            partial = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :],
+                              mask=ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+            m_new = tl.maximum(m_run, tl.max(m, axis=0))   # finite: items are not empty
+            alpha = tl.exp2(m_run - m_new)
+            weight = tl.where(ok, tl.exp2(m - m_new) * l, 0.0)
+            acc = acc * alpha + tl.sum(weight[:, None] * partial, axis=0)
+            l_run = l_run * alpha + tl.sum(weight, axis=0)
+            m_run = m_new
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + dims,
+                 (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+# %% chapters/13_fast_engine.md:2311
+def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                             work: DecodeWork, scale: float | None = None,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
+    """Chapter 8's ``paged_attention`` with the work split by tokens: ``work`` is
+    ``plan_decode_work`` of the same lengths (on the host) and cache."""
+    _check_inputs(query, cache, layer, block_tables, seq_lens)
+    batch, num_heads, head_dim = query.shape
+    if work.first_item.numel() != batch + 1 or work.block_size != cache.block_size:
+        raise PagedAttentionError(
+            f"the work plan is for {work.first_item.numel() - 1} sequences at block size "
+            f"{work.block_size}, the batch has {batch} at {cache.block_size}")
+    if seq_lens.device.type == "cpu":
+        _check_tables(cache, block_tables, seq_lens)
+    out = _output_for(query, out)
+    if batch == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    dim_pad = triton.next_power_of_2(head_dim)
+    part_out = part_ml = out                  # unused when no sequence is split
+    if work.any_split:
+        slots = (work.items.shape[0], num_heads)
+        part_out = torch.empty(*slots, dim_pad, dtype=torch.float32, device=query.device)
+        part_ml = torch.empty(*slots, 2, dtype=torch.float32, device=query.device)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    group = num_heads // cache.num_kv_heads
+    tile, num_warps, num_stages = work.config
+    _balanced_decode_kernel[(work.items.shape[0], cache.num_kv_heads)](
+        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, work.items,
+        out, part_out, part_ml, scale * 1.4426950408889634, group, query.stride(0),
+        query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *cache.strides(), GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
+        FP32_PRECISION=_fp32_precision(query.dtype), num_warps=num_warps,
+        num_stages=num_stages)
+    if work.any_split:
+        _merge_items_kernel[(batch, num_heads)](
+            work.first_item, part_out, part_ml, out, out.stride(0), out.stride(1),
+            ITEMS=16, HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+    return out
