@@ -24,13 +24,15 @@ Writes DIR/fused_kernels_h200.json.
 uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), EOS ignored, sampled at
 temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
 
-``--engines`` picks the engines (default all five: ``engine``, ``fast_engine``, ``fast_engine_sync``,
+``--engines`` picks the engines (default all six: ``engine``, ``fast_engine``, ``fast_engine_sync``,
 the fast engine with ``overlap_scheduling=False``, so that the overlap's share is measured,
+``fast_engine_unchunked``, the fast engine with ``enable_chunked_prefill=False`` (whole prompts, run
+apart from the step's decodes),
 ``fast_engine_sdpa_prefill``, the fast engine with chapter 9's prefill, so that the paged prefill
 kernel's share of the gain is measured too, and ``fast_engine_fp8``, the fast engine with chapter 12's
 e4m3 cache, ``kv_cache_dtype="fp8"``, on a GPU with FP8).
 
-About 3 minutes for ``engines`` and under a minute for ``kernels`` on an H200. Without a GPU
+About 3.5 minutes for ``engines`` and under a minute for ``kernels`` on an H200. Without a GPU
 (``--quick``): a tiny model and tiny shapes under the Triton interpreter, files ``*_cpu.json``.
 """
 
@@ -56,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity,  # noqa: E402
                                      qwen3_06b_config, roofline, sync, workload)
 
-ENGINES = ("engine", "fast_engine", "fast_engine_sync", "fast_engine_sdpa_prefill", "fast_engine_fp8")
+ENGINES = ("engine", "fast_engine", "fast_engine_sync", "fast_engine_unchunked",
+           "fast_engine_sdpa_prefill", "fast_engine_fp8")
 """chapter 11's engine; chapter 13's; chapter 13's with chapter 9's SDPA prefill (paged prefill off)"""
 
 
@@ -96,11 +99,13 @@ def run_engine(name, args) -> dict:
     config = qwen3_06b_config(not on_gpu)
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
-    module = name.removesuffix("_sdpa_prefill").removesuffix("_fp8").removesuffix("_sync")
+    module = (name.removesuffix("_sdpa_prefill").removesuffix("_fp8").removesuffix("_sync")
+              .removesuffix("_unchunked"))
     LLM = importlib.import_module(f"minipaged.{module}").LLM
     from minipaged.fast_engine import FastQwen3Model
     FastQwen3Model.use_paged_prefill = not name.endswith("_sdpa_prefill")
-    cache_args = {"overlap_scheduling": False} if name.endswith("_sync") else {}
+    cache_args = ({"overlap_scheduling": False} if name.endswith("_sync") else
+                  {"enable_chunked_prefill": False} if name.endswith("_unchunked") else {})
     if name.endswith("_fp8"):  # chapter 12's e4m3 cache under the fast engine
         from minipaged.fp8_kv_cache import fp8_supported
         if not fp8_supported(device):

@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1067
+    # %% chapters/11_engine.md:1077
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -440,12 +440,8 @@ class LLM:
         (the child is None except for the siblings of an ``n > 1`` request).
         """
         res, chunks = out.reservation, out.chunks
-        decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-        prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
         parts, pick, samplers = [], [], []
-        for group in (decode, prefill):
-            if not group:
-                continue
+        for group in self._groups(chunks):
             rows = None if len(group) == len(chunks) else group
             row = sum(len(p) for p in parts)  # this group's first row in the step's logits
             parts.append(self._run_group([chunks[i] for i in group], res, rows))
@@ -465,7 +461,14 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:803
+    # %% chapters/11_engine.md:797
+    def _groups(self, chunks) -> list[list[int]]:
+        """The step's chunks (indices) in forward groups: one-token decodes, then prefills."""
+        decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
+        prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+        return [group for group in (decode, prefill) if group]
+
+    # %% chapters/11_engine.md:813
     def _run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -487,7 +490,7 @@ class LLM:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:834
+    # %% chapters/11_engine.md:844
     def _sample(self, logits, samplers) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
@@ -523,7 +526,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:883
+    # %% chapters/11_engine.md:893
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -581,12 +584,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1086
+    # %% chapters/11_engine.md:1096
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1151
+    # %% chapters/11_engine.md:1161
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -595,7 +598,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1190
+    # %% chapters/11_engine.md:1200
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -625,7 +628,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1351
+    # %% chapters/11_engine.md:1361
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -677,7 +680,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1412
+    # %% chapters/11_engine.md:1422
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -710,7 +713,7 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1583
+    # %% chapters/11_engine.md:1593
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -720,7 +723,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1336
+# %% chapters/11_engine.md:1346
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -733,7 +736,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1494
+# %% chapters/11_engine.md:1504
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -773,7 +776,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1540
+    # %% chapters/11_engine.md:1550
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

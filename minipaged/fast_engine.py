@@ -610,11 +610,24 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1699
-    def __init__(self, model, *, overlap_scheduling: bool = True, **kwargs) -> None:
-        """Chapter 12's engine; ``overlap_scheduling`` plans each plain decode step while
-        the GPU runs the one before."""
-        super(LLM, self).__init__(model, **kwargs)
+    # %% chapters/13_fast_engine.md:1546
+    def _groups(self, chunks) -> list[list[int]]:
+        """All of the step's chunks in one forward when the paged prefill kernel serves
+        the prefills (a decode is a prefill of one token); else chapter 11's two groups."""
+        groups = super(LLM, self)._groups(chunks)
+        dtype = self.model.embed_tokens.weight.dtype
+        if (len(groups) > 1 and self.model.use_paged_prefill
+                and reads_pool_directly(self.cache, dtype)):
+            return [list(range(len(chunks)))]
+        return groups
+
+    # %% chapters/13_fast_engine.md:1744
+    def __init__(self, model, *, overlap_scheduling: bool = True,
+                 enable_chunked_prefill: bool = True, **kwargs) -> None:
+        """Chapter 12's engine, chunked prefill on by default; ``overlap_scheduling``
+        plans each plain decode step while the GPU runs the one before."""
+        super(LLM, self).__init__(model, enable_chunked_prefill=enable_chunked_prefill,
+                                  **kwargs)
         self.scheduler = OverlapScheduler(self.manager, self.scheduler.config)
         self.overlap_scheduling = overlap_scheduling
         self.overlapped_steps = 0
@@ -634,7 +647,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1734
+    # %% chapters/13_fast_engine.md:1781
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -681,7 +694,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1790
+    # %% chapters/13_fast_engine.md:1837
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -728,7 +741,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1588
+# %% chapters/13_fast_engine.md:1633
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -773,7 +786,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1642
+    # %% chapters/13_fast_engine.md:1687
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -806,7 +819,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1682
+# %% chapters/13_fast_engine.md:1727
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -818,7 +831,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:2103
+# %% chapters/13_fast_engine.md:2159
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -848,7 +861,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2139
+# %% chapters/13_fast_engine.md:2195
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -881,7 +894,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2231
+# %% chapters/13_fast_engine.md:2287
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -918,7 +931,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2275
+# %% chapters/13_fast_engine.md:2331
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -950,7 +963,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2313
+# %% chapters/13_fast_engine.md:2369
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,
