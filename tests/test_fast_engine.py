@@ -332,6 +332,28 @@ def test_fast_engine_chunked_prefill_reads_earlier_chunks_from_the_pool(setup):
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
 
 
+@pytest.mark.parametrize("paged_prefill", [True, False])
+def test_a_step_of_decodes_and_prefill_chunks_is_one_forward_with_paged_prefill(
+        setup, paged_prefill, monkeypatch):
+    hf, prompts, reference = setup
+    monkeypatch.setattr(FastQwen3Model, "use_paged_prefill", paged_prefill)
+    llm = LLM(hf, block_size=4, max_num_batched_tokens=8, check_invariants=True)
+    assert llm.scheduler.config.enable_chunked_prefill            # the fast engine's default
+    forwards, mixed = [], []
+    hook = llm.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    groups = llm._groups
+    monkeypatch.setattr(llm, "_groups", lambda chunks: mixed.append(
+        len({c.num_tokens == 1 for c in chunks}) == 2) or groups(chunks))
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
+    hook.remove()
+    steps = llm.last_run_stats()["steps"]
+    assert sum(mixed) > 0                                          # steps did mix both kinds
+    assert len(forwards) == (steps if paged_prefill else steps + sum(mixed))
+    assert EngineLLM(hf, block_size=4, enable_chunked_prefill=True
+                     ).scheduler.config.enable_chunked_prefill
+    assert not EngineLLM(hf, block_size=4).scheduler.config.enable_chunked_prefill
+
+
 def test_fast_engine_cancellations_mid_run(setup):
     hf, prompts, reference = setup
     llm = LLM(hf, block_size=4, max_num_seqs=2, check_invariants=True)
