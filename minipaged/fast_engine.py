@@ -621,7 +621,7 @@ class LLM(QuantizedCacheLLM):
             return [list(range(len(chunks)))]
         return groups
 
-    # %% chapters/13_fast_engine.md:1743
+    # %% chapters/13_fast_engine.md:1745
     def __init__(self, model, *, overlap_scheduling: bool = True,
                  enable_chunked_prefill: bool = True, **kwargs) -> None:
         """Chapter 12's engine, chunked prefill on by default; ``overlap_scheduling``
@@ -647,7 +647,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1780
+    # %% chapters/13_fast_engine.md:1782
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -694,7 +694,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1836
+    # %% chapters/13_fast_engine.md:1838
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -741,7 +741,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1632
+# %% chapters/13_fast_engine.md:1634
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -786,7 +786,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1686
+    # %% chapters/13_fast_engine.md:1688
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -819,7 +819,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1726
+# %% chapters/13_fast_engine.md:1728
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -831,7 +831,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:2158
+# %% chapters/13_fast_engine.md:2160
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -861,7 +861,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2194
+# %% chapters/13_fast_engine.md:2196
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -894,7 +894,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2286
+# %% chapters/13_fast_engine.md:2288
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -931,7 +931,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2330
+# %% chapters/13_fast_engine.md:2332
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -963,7 +963,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2368
+# %% chapters/13_fast_engine.md:2370
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,
