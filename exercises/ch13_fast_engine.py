@@ -30,3 +30,13 @@ def plannable(running: list[tuple[int, int, int]], num_waiting: int, num_swapped
     raise NotImplementedError("Exercise 13.3: return True only when nothing but one decode "
                               "token per running sequence can be scheduled "
                               "(edit exercises/ch13_fast_engine.py, plannable)")
+
+
+def makespan(loads: list[int], slots: int) -> int:
+    """Exercise 13.4: when the last program finishes, in tokens walked.
+
+    Programs start in the order of ``loads`` (tokens each walks), each on the slot that is
+    free first; ``slots`` programs run at once.
+    """
+    raise NotImplementedError("Exercise 13.4: simulate the slots taking programs in order "
+                              "(edit exercises/ch13_fast_engine.py, makespan)")

@@ -1,5 +1,7 @@
 """Chapter 13 reference solutions."""
 
+import heapq
+
 import torch
 
 import minipaged  # noqa: F401  (before triton: the interpreter switch on a CPU)
@@ -48,3 +50,10 @@ def plannable(running: list[tuple[int, int, int]], num_waiting: int, num_swapped
         return False  # someone may need a block that is not there: a preemption
     return all(outputs > 0 and prompt + outputs - computed == 1
                for prompt, outputs, computed in running)
+
+
+def makespan(loads: list[int], slots: int) -> int:
+    free_at = [0] * slots                      # when each slot is free again: a min-heap
+    for load in loads:
+        heapq.heappush(free_at, heapq.heappop(free_at) + load)
+    return max(free_at)

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minipaged.fast_engine import add_rms_norm_reference  # before triton: the interpreter switch
 import triton  # noqa: E402
@@ -123,3 +125,22 @@ def test_13_3_plannable():
     assert not ex.plannable(decoding, **{**ok, "max_num_batched_tokens": 2}), "over the budget"
     assert not ex.plannable(decoding + [(30, 0, 16)], **ok), "a prompt still being prefilled"
     assert not ex.plannable(decoding + [(8, 0, 7)], **ok), "a first token (forks, TTFT) is due"
+
+
+# -- 13.4: how long a batch of programs keeps the card busy ---------------------------------------
+
+def test_13_4_makespan():
+    assert ex.makespan([5, 5, 5, 5], 2) == 10
+    assert ex.makespan([], 3) == 0
+    assert ex.makespan([3, 7], 5) == 7, "more slots than programs: the longest one"
+    assert ex.makespan([1, 1, 1, 1, 10], 2) == 12, "the long program starts last"
+    assert ex.makespan([10, 1, 1, 1, 1, 1], 2) == 10, \
+        "a free slot takes the next program (not program i on slot i % slots)"
+
+
+@settings(max_examples=100, deadline=None)
+@given(loads=st.lists(st.integers(0, 1000), max_size=60), slots=st.integers(1, 16))
+def test_13_4_makespan_lies_within_the_list_scheduling_bounds(loads, slots):
+    got = ex.makespan(loads, slots)
+    longest, mean = max(loads, default=0), sum(loads) / slots
+    assert max(longest, mean) <= got <= mean + longest
