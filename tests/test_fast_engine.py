@@ -525,3 +525,24 @@ def test_fp8_prefill_reads_the_pool_so_prefix_hits_change_nothing(monkeypatch):
                          llm.last_run_stats()["prefix_hit_rate"])
     assert runs[True][1] > 0.5 and runs[False][1] == 0
     assert runs[True][0] == runs[False][0]
+
+
+def test_fp8_mixed_steps_read_the_decodes_through_the_prefill_kernel_alike():
+    """With the e4m3 cache a mixed step's decode rows go through the paged prefill kernel:
+    the same tokens as when they run apart, through the fp8 decode kernel."""
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    prompts = [[5, 3, 8, 1, 9, 2, 7], [4, 4, 1], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    runs = []
+    for mixed in (True, False):
+        llm = minipaged.LLM(hf, block_size=4, kv_cache_dtype="fp8", max_num_batched_tokens=6,
+                            check_invariants=True)
+        if not mixed:
+            llm._groups = lambda chunks, llm=llm: EngineLLM._groups(llm, chunks)
+        groups = []
+        run_groups = llm._groups
+        llm._groups = lambda chunks: groups.append(len(run_groups(chunks))) or run_groups(chunks)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                  use_tqdm=False)])
+        assert max(groups) == (1 if mixed else 2)
+    assert runs[0] == runs[1]
