@@ -831,7 +831,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:2160
+# %% chapters/13_fast_engine.md:2163
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -861,7 +861,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2196
+# %% chapters/13_fast_engine.md:2199
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -894,7 +894,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2290
+# %% chapters/13_fast_engine.md:2293
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -931,7 +931,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2334
+# %% chapters/13_fast_engine.md:2337
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -963,7 +963,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2372
+# %% chapters/13_fast_engine.md:2375
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,
