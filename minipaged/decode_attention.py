@@ -98,7 +98,28 @@ def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
     return m, l, acc
 
 
-# %% chapters/08_paged_attention.md:366
+# %% chapters/08_paged_attention.md:368
+@triton.jit
+def _attend_group(q_ptr, k_ptr, v_ptr, table_row, b, kv_head, group, start, end,
+                  scale_log2, stride_qb, stride_qh, stride_block, stride_token,
+                  stride_head, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                  FP32_PRECISION: tl.constexpr):
+    """The query rows of ``kv_head``'s group in sequence ``b`` over positions
+    ``[start, end)``: ``(heads, row_ok, m, l, result)``, result = acc / l (0 if empty)."""
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    row_ok = rows < group
+    heads = kv_head * group + rows
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, table_row, kv_head * stride_head, start,
+                              end, scale_log2, stride_block, stride_token, GROUP_PAD,
+                              HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
+    return heads, row_ok, m, l, acc / tl.where(l > 0, l, 1.0)[:, None]
+
+
+# %% chapters/08_paged_attention.md:391
 @triton.jit
 def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log2,
                       group,
@@ -111,22 +132,17 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     length = tl.load(lens_ptr + b)
-    rows = tl.arange(0, GROUP_PAD)
+    heads, row_ok, m, l, result = _attend_group(
+        q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, 0, length,
+        scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
+        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
     dims = tl.arange(0, DIM_PAD)
-    heads = kv_head * group + rows
-    io_mask = (rows < group)[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=io_mask, other=0.0)
-    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
-                              kv_head * stride_head, 0, length, scale_log2,
-                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
-                              BLOCK_SIZE, TILE, FP32_PRECISION)
-    result = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-             result.to(out_ptr.dtype.element_ty), mask=io_mask)
+             result.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
 
 
-# %% chapters/08_paged_attention.md:402
+# %% chapters/08_paged_attention.md:422
 def _launch_config(head_dim: int, device: torch.device,
                    split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
@@ -166,7 +182,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return out
 
 
-# %% chapters/08_paged_attention.md:554
+# %% chapters/08_paged_attention.md:574
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -186,18 +202,12 @@ def _paged_decode_kernel(
     start = split * per_split
     end = tl.minimum(length, start + per_split)
 
-    rows = tl.arange(0, GROUP_PAD)
+    heads, row_ok, m, l, result = _attend_group(   # a split with no token: 0, l = 0
+        q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
+        scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
+        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
     dims = tl.arange(0, DIM_PAD)
-    row_ok = rows < group
-    heads = kv_head * group + rows
     out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=out_mask, other=0.0)
-    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
-                              kv_head * stride_head, start, end, scale_log2,
-                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
-                              BLOCK_SIZE, TILE, FP32_PRECISION)
-    result = acc / tl.where(l > 0, l, 1.0)[:, None]   # a split with no token: 0, l = 0
     if not SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -209,7 +219,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/08_paged_attention.md:602
+# %% chapters/08_paged_attention.md:616
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
                          num_splits, SPLITS_PAD: tl.constexpr,
@@ -233,7 +243,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:636
+# %% chapters/08_paged_attention.md:650
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -265,7 +275,7 @@ def _split_ranges(length: int, num_splits: int, granule: int,
     return tokens_per_split, max(1, ceil_div(length, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:687
+# %% chapters/08_paged_attention.md:701
 def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
                 device: torch.device, num_splits: int | None, min_split: int | None
                 ) -> tuple[int, int, int, tuple[int, int, int]]:
@@ -282,7 +292,7 @@ def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
     return num_splits, min_split, granule, config
 
 
-# %% chapters/08_paged_attention.md:713
+# %% chapters/08_paged_attention.md:727
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -315,7 +325,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:750
+# %% chapters/08_paged_attention.md:764
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -354,7 +364,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:791
+# %% chapters/08_paged_attention.md:805
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,

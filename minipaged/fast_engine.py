@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from minipaged.decode_attention import (PagedAttentionError, _attend_tiles,
+from minipaged.decode_attention import (PagedAttentionError, _attend_group,
                                         _check_inputs, _check_tables, _fp32_precision,
                                         _launch_config, _num_sms, _output_for)
 from minipaged.engine import LLM as EngineLLM
@@ -909,18 +909,12 @@ def _balanced_decode_kernel(
     start = tl.load(items_ptr + 4 * item + 1)
     end = tl.load(items_ptr + 4 * item + 2)
     direct = tl.load(items_ptr + 4 * item + 3)
-    rows = tl.arange(0, GROUP_PAD)
+    heads, row_ok, m, l, result = _attend_group(        # an empty item: zeros
+        q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
+        scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
+        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
     dims = tl.arange(0, DIM_PAD)
-    row_ok = rows < group
-    heads = kv_head * group + rows
     out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=out_mask, other=0.0)
-    m, l, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr + b * stride_table,
-                              kv_head * stride_head, start, end, scale_log2,
-                              stride_block, stride_token, GROUP_PAD, HEAD_DIM, DIM_PAD,
-                              BLOCK_SIZE, TILE, FP32_PRECISION)
-    result = acc / tl.where(l > 0, l, 1.0)[:, None]     # an empty item: zeros
     if direct != 0:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -932,7 +926,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2345
+# %% chapters/13_fast_engine.md:2339
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -964,7 +958,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2383
+# %% chapters/13_fast_engine.md:2377
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,

@@ -1,7 +1,7 @@
 # GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md:319
+# %% chapters/12_fp8_kv_cache.md:110
 """An FP8 paged KV cache: e4m3 blocks with one scale per (slot, KV head)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machi
 import triton
 import triton.language as tl
 
+from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import (PagedAttentionError, _check_tables,
                                         _launch_config, _merge_splits_kernel,
                                         _split_ranges, choose_num_splits)
@@ -23,6 +24,7 @@ from minipaged.engine import LLM as EngineLLM
 from minipaged.engine import EngineError
 from minipaged.kv_cache import (KVCacheError, PagedKVCache, _copy_between,
                                 _copy_blocks_kernel, _pairs)
+from minipaged.qwen3 import ForwardBatch
 from minipaged.sizing import block_bytes, ceil_div
 
 __all__ = [
@@ -44,7 +46,85 @@ def fp8_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# %% chapters/12_fp8_kv_cache.md:367
+# %% chapters/12_fp8_kv_cache.md:166
+def fp8_round_trip(x: torch.Tensor, scale) -> torch.Tensor:
+    """x stored as e4m3 with `scale` (broadcast against x) and read back, in fp32."""
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale
+
+
+def per_tensor_calibrated(x: torch.Tensor, calibration_tokens: int = 64) -> torch.Tensor:
+    """vLLM's on-the-fly scale: amax of the first tokens / 448, then fixed."""
+    return fp8_round_trip(x, x[:calibration_tokens].abs().max() / FP8_MAX)
+
+
+def per_block_first_token(x: torch.Tensor, block_size: int = 16) -> torch.Tensor:
+    """One scale per (block, head), set by the block's first token."""
+    t, h, d = x.shape
+    blocks = x.view(t // block_size, block_size, h, d)
+    scale = blocks[:, :1].abs().amax(-1, keepdim=True) / FP8_MAX
+    return fp8_round_trip(blocks, scale).view(t, h, d)
+
+
+def per_slot(x: torch.Tensor) -> torch.Tensor:
+    """One scale per (slot, head): each stored row's own amax / 448."""
+    return fp8_round_trip(x, x.abs().amax(-1, keepdim=True) / FP8_MAX)
+
+
+# %% chapters/12_fp8_kv_cache.md:232
+def synthetic_keys(tokens: int, heads: int, dim: int, outlier: float,
+                   gen: torch.Generator, channels: int = 4,
+                   spread: float = 0.5) -> torch.Tensor:
+    """Keys [tokens, heads, dim]: unit normals, with `channels` channels per head
+    (the same every token) `outlier` times larger, in a log-normal size per token."""
+    k = torch.randn(tokens, heads, dim, generator=gen)
+    big = torch.randperm(dim, generator=gen)[:channels]
+    size = outlier * (spread * torch.randn(tokens, heads, 1, generator=gen)).exp()
+    k[:, :, big] = size * torch.randn(tokens, heads, channels, generator=gen)
+    return k
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of q [B, Hq, D] over k, v [T, Hkv, D], in fp32."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("bhd,thd->bht", q, k) / k.shape[-1] ** 0.5
+    return torch.einsum("bht,thd->bhd", scores.softmax(-1), v)
+
+
+SCHEMES = {
+    "bf16": lambda x: x.bfloat16().float(),
+    "fp8, one scale = 1.0": lambda x: fp8_round_trip(x, 1.0),
+    "e5m2, no scale": lambda x: x.to(torch.float8_e5m2).float(),
+    "fp8, one scale from 64 tokens": per_tensor_calibrated,
+    "fp8, per (block, head)": per_block_first_token,
+    "fp8, per (slot, head)": per_slot,
+}
+"""Ways of storing K/V, each a function from fp32 values to what reading them back gives."""
+
+
+def accuracy_sweep(outliers=(1, 2, 4, 8, 16), tokens: int = 1024, seed: int = 0
+                   ) -> tuple[list[dict], dict]:
+    """Per outlier size: each scheme's attention-output error against fp32 K/V (32
+    query heads, 8 KV heads, D 128), and what a scale from the first 64 tokens clips,
+    ``{outlier: (share of rows, elements)}``."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, saturated = [], {}
+    for outlier in outliers:
+        k = synthetic_keys(tokens, 8, 128, outlier, gen)
+        v = torch.randn(tokens, 8, 128, generator=gen)
+        q = torch.randn(8, 32, 128, generator=gen)
+        exact = dense_attention(q, k, v)
+        clipped = k.abs() > k[:64].abs().max()        # past the calibrated scale's 448
+        saturated[outlier] = (clipped.any(-1).float().mean().item(), int(clipped.sum()))
+        row = {"outlier x": outlier, "max |k|": k.abs().max().item()}
+        for name, scheme in SCHEMES.items():
+            out = dense_attention(q, scheme(k), scheme(v))
+            row[name] = ((out - exact).norm() / exact.norm()).item()
+        rows.append(row)
+    return rows, saturated
+
+
+# %% chapters/12_fp8_kv_cache.md:388
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` as e4m3 with one fp32 scale per row (``amax / 448``), in torch."""
     x = x.float()
@@ -66,7 +146,7 @@ def fp8_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     return 2 * num_layers * num_kv_heads * (head_dim + scale_bytes)
 
 
-# %% chapters/12_fp8_kv_cache.md:396
+# %% chapters/12_fp8_kv_cache.md:417
 class Fp8PagedKVCache(PagedKVCache):
     """A ``PagedKVCache`` whose blocks hold e4m3 values, each (slot, KV head) row of K
     and V with its own fp32 scale in ``scales[layer, 0|1, block, head, token]``.
@@ -97,7 +177,7 @@ class Fp8PagedKVCache(PagedKVCache):
     def __repr__(self) -> str:
         return "Fp8" + super().__repr__()
 
-    # %% chapters/12_fp8_kv_cache.md:528
+    # %% chapters/12_fp8_kv_cache.md:549
     def _checked_write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor, check_slots: bool | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +219,7 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md:629
+    # %% chapters/12_fp8_kv_cache.md:650
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each.
@@ -190,7 +270,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:943
+    # %% chapters/12_fp8_kv_cache.md:964
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -244,7 +324,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:1001
+    # %% chapters/12_fp8_kv_cache.md:1022
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -273,7 +353,7 @@ class Fp8PagedKVCache(PagedKVCache):
         self._layer(layer)
 
 
-# %% chapters/12_fp8_kv_cache.md:456
+# %% chapters/12_fp8_kv_cache.md:477
 @triton.jit
 def _round_to_e4m3(x):
     """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even.
@@ -305,7 +385,7 @@ def _quantize_rows(x, FP8_MAX: tl.constexpr):
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
-# %% chapters/12_fp8_kv_cache.md:490
+# %% chapters/12_fp8_kv_cache.md:511
 @triton.jit
 def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                       v_scale_ptr, slot_ptr, num_slots, stride_kn, stride_kh,
@@ -337,7 +417,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:688
+# %% chapters/12_fp8_kv_cache.md:709
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -350,7 +430,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:800
+# %% chapters/12_fp8_kv_cache.md:821
 @triton.jit
 def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
     """Words of two e4m3 values (int16) as (low bytes, high bytes): fp16 on a GPU,
@@ -365,7 +445,7 @@ def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
         "=h,=h,h", [pairs], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
-# %% chapters/12_fp8_kv_cache.md:817
+# %% chapters/12_fp8_kv_cache.md:838
 @triton.jit
 def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
                       head_base, scale_head_base, start, end, stride_block,
@@ -416,7 +496,7 @@ def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
     return m, l, even, odd
 
 
-# %% chapters/12_fp8_kv_cache.md:873
+# %% chapters/12_fp8_kv_cache.md:894
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -463,7 +543,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:929
+# %% chapters/12_fp8_kv_cache.md:950
 def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
                        dtype: torch.dtype) -> tuple[int, int, int, tl.dtype]:
     """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
@@ -475,7 +555,7 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
     return 256, 4, 3, tl.float16        # measured on the H200, see below
 
 
-# %% chapters/12_fp8_kv_cache.md:1098
+# %% chapters/12_fp8_kv_cache.md:1119
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized
@@ -506,3 +586,33 @@ class LLM(EngineLLM):
         return block_bytes(fp8_bytes_per_token(c.num_hidden_layers,
                                                c.num_key_value_heads, c.head_dim),
                            block_size)
+
+
+# %% chapters/12_fp8_kv_cache.md:1187
+def teacher_forced(model, cache, sequences: list[list[int]],
+                   prompt_len: int) -> torch.Tensor:
+    """Logits [B, steps, vocab] of a paged model: prefill the prompts, then decode
+    the given tokens one step at a time (sequences of one length, blocks of 16)."""
+    tables, start = [], 0
+    for seq in sequences:
+        tables.append(list(range(start, start + blocks_needed(len(seq), 16))))
+        start += len(tables[-1])
+    batch = ForwardBatch.from_sequences([s[:prompt_len] for s in sequences],
+                                        [0] * len(sequences), tables, 16, model.device)
+    logits = [model(batch, cache).float()]
+    for pos in range(prompt_len, len(sequences[0]) - 1):
+        batch = ForwardBatch.from_sequences([s[pos:pos + 1] for s in sequences],
+                                            [pos] * len(sequences), tables, 16,
+                                            model.device)
+        logits.append(model(batch, cache).float())
+    return torch.stack(logits, 1)
+
+
+def logit_agreement(logits: torch.Tensor, reference: torch.Tensor) -> dict:
+    """Share of positions with the reference's greedy token, and the relative distance
+    of the logits per position (median and max)."""
+    distance = (logits - reference).norm(dim=-1) / reference.norm(dim=-1)
+    return {"greedy tokens agree": (logits.argmax(-1) == reference.argmax(-1))
+            .float().mean().item(),
+            "logit distance (median)": distance.median().item(),
+            "logit distance (max)": distance.max().item()}

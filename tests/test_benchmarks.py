@@ -68,3 +68,27 @@ def test_profile_step_phases_stub_run_times_every_phase(tmp_path):
     assert data["decode_steps"] > 0 and data["mean_batch"] > 1
     assert data["ms_per_step"]["schedule"] > 0 and data["ms_per_step"]["commit"] > 0
     assert data["overlapped_wall_ms_per_step"] > 0
+
+
+def test_bench_fp8_accuracy_quick_run_records_every_scheme(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_fp8_accuracy.py"),
+                           "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = tmp_path.glob("fp8_accuracy_*.json")      # _cpu, or _h200 on a GPU
+    result = json.loads(record.read_text())
+    assert result["device"] and result["command"].startswith("python ")
+    rows = result["attention_sweep"]
+    assert [r["outlier x"] for r in rows] == [1, 4, 16]
+    for row in rows:
+        # e4m3 with the row's own scale keeps the output near the 2**-4 element bound;
+        # bf16 (8 bits of mantissa) is closer still
+        assert row["bf16"] < row["fp8, per (slot, head)"] < 2 ** -4
+    # per-slot scales cost 4 bytes per 128 values over bare fp8, and half of bf16's bytes
+    sizes = result["bytes_per_token"]
+    assert sizes["fp8, per (slot, head)"] == sizes["fp8, one scale = 1.0"] * 132 / 128
+    assert sizes["bf16"] == 2 * sizes["fp8, one scale = 1.0"]
+    e2e = result["end_to_end"]
+    assert e2e["auto"]["greedy tokens agree"] == 1.0          # fp32 model and cache
+    assert e2e["auto"]["logit distance (max)"] < 1e-4
+    assert 0 < e2e["fp8"]["logit distance (median)"] < 0.2    # eight bits move the logits
