@@ -46,12 +46,13 @@ def test_bench_swap_copy_says_it_needs_a_gpu():
     assert done.returncode == 2 and "needs a GPU" in done.stdout
 
 
-def test_sweep_fp8_decode_says_it_needs_a_gpu_with_fp8(tmp_path):
+@pytest.mark.parametrize("script", ["sweep_fp8_decode.py", "experiment_fp8_subtiles.py"])
+def test_fp8_kernel_timings_say_they_need_a_gpu_with_fp8(tmp_path, script):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script measures instead")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sweep_fp8_decode.py"),
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a GPU with FP8" in done.stdout
     assert not any(tmp_path.iterdir())
@@ -92,3 +93,29 @@ def test_bench_fp8_accuracy_quick_run_records_every_scheme(tmp_path):
     assert e2e["auto"]["greedy tokens agree"] == 1.0          # fp32 model and cache
     assert e2e["auto"]["logit distance (max)"] < 1e-4
     assert 0 < e2e["fp8"]["logit distance (median)"] < 0.2    # eight bits move the logits
+
+
+@pytest.mark.parametrize("group, tile", [(4, 64), (3, 64), (8, 32)])
+def test_fp8_subtile_kernel_matches_attention_over_the_dequantized_cache(group, tile):
+    """The candidate kernel of benchmarks/experiment_fp8_subtiles.py, under the interpreter."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter check runs on CPU machines")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_fp8 import fill
+    from benchmarks.experiment_fp8_subtiles import subtile_attention
+    from minipaged.decode_attention import paged_attention_reference
+    from minipaged.fp8_kv_cache import Fp8PagedKVCache
+
+    gen = torch.Generator().manual_seed(group)
+    lengths = [0, 1, 15, 16, 17, 130]             # empty, partial blocks, several tiles
+    cache = Fp8PagedKVCache(1, 40, 16, 2, 16, "cpu")
+    query, tables, lens = fill(cache, [max(n, 1) for n in lengths], gen, torch.float32,
+                               2 * group)
+    lens[0] = 0
+    ref = paged_attention_reference(query, cache, 0, tables, lens)
+    for splits in (1, 3):
+        out = subtile_attention(cache, query, tables, lens, tile, 4, 1, splits=splits)
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5, splits
