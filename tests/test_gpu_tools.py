@@ -114,3 +114,20 @@ print(json.dumps(report))
     assert report["fp8_only"]["sm89"] == "ok"
     assert report["fp8_only"]["sm75"].startswith("n/a") and report["fp8_only"]["sm80"] == \
         report["fp8_only"]["sm75"]
+
+
+def test_kernel_sass_reads_the_sm90_build_of_the_fp8_decode_kernel_without_a_gpu():
+    """tools/kernel_sass.py compiles chapter 12's kernel for sm90 here and finds its tile loop:
+    tensor-core products (HMMA) and the e4m3 conversions (F2FP) inside it."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "tools/kernel_sass.py", "fp8", "--tile", "64"],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["target"] == "sm90" and 0 < report["registers"] <= 255
+    assert report["shared_bytes"] > 0
+    loop = report["loop"]
+    assert loop["instructions"] > 100
+    assert {"HMMA", "F2FP"} <= set(loop["top_opcodes"])
