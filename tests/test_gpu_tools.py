@@ -128,6 +128,8 @@ def test_kernel_sass_reads_the_sm90_build_of_the_fp8_decode_kernel_without_a_gpu
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["target"] == "sm90" and 0 < report["registers"] <= 255
     assert report["shared_bytes"] > 0
+    occupancy = report["programs_per_sm"]
+    assert occupancy["programs"] >= 1 and occupancy["limited_by"]
     loop = report["loop"]
     assert loop["instructions"] > 100
     assert {"HMMA", "F2FP"} <= set(loop["top_opcodes"])

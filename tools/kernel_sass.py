@@ -5,8 +5,8 @@
 
 Compiles one specialization at the course's decode shape (32 query / 8 KV heads, head dim 128,
 block size 16, bf16 queries, no split; integer strides divisible by 16, as the JIT sees them) and
-prints, as JSON: registers a thread, stack bytes (spills), shared memory, and the instructions of
-the longest loop (one tile of the walk over the cache) with their most frequent opcodes. A
+prints, as JSON: registers a thread, stack bytes (spills), shared memory, how many programs an SM
+holds and what limits it, and the instructions of the longest loop (one tile of the walk over the cache) with their most frequent opcodes. A
 memory-bound kernel wants few instructions a tile and enough programs an SM; this shows both
 without spending GPU time. The build is Triton's own for sm90 (no GPU is needed: ptxas and
 cuobjdump come with Triton); timings still need the card.
@@ -73,6 +73,17 @@ def kernel_source(name: str, tile: int) -> ASTSource:
     raise SystemExit(f"unknown kernel {name!r}: bf16, fp8 or fp8-subtiles")
 
 
+def programs_per_sm(registers: int, warps: int, shared: int) -> dict:
+    """How many programs an H100/H200 SM can hold, and what limits it: 64K registers
+    (allocated 256 at a time per warp), 228 KB of shared memory (1 KB reserved a program),
+    64 warps."""
+    per_warp = -(-registers * 32 // 256) * 256
+    limits = {"registers": 65536 // (per_warp * warps),
+              "shared_memory": 233472 // (shared + 1024), "warps": 64 // warps}
+    least = min(limits.values())
+    return {"programs": least, "limited_by": [k for k, v in limits.items() if v == least]}
+
+
 def longest_loop(sass: str) -> dict:
     """The longest backward branch's body: its instruction count and top opcodes."""
     code = [(int(a, 16), text) for a, text in
@@ -109,10 +120,14 @@ def main(argv=None) -> int:
         run = lambda *flags: subprocess.run([str(tools / "cuobjdump"), *flags, str(cubin)],  # noqa: E731
                                             capture_output=True, text=True, check=True).stdout
         usage, sass = run("-res-usage"), run("-sass")
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
     result = {"kernel": args.kernel, "tile": tile, **options, "target": "sm90",
-              "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+              "registers": registers,
               "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
-              "shared_bytes": compiled.metadata.shared, "loop": longest_loop(sass)}
+              "shared_bytes": compiled.metadata.shared,
+              "programs_per_sm": programs_per_sm(registers, args.warps,
+                                                 compiled.metadata.shared),
+              "loop": longest_loop(sass)}
     print(json.dumps(result))
     return 0
 
