@@ -218,16 +218,26 @@ def chapter12_launch(tile: int, warps: int, stages: int, maxnreg: int | None):
         fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config = kernel, config
 
 
+# (tile, warps, stages, maxnreg) for chapter 12's own kernel. Triton's pipeliner keeps one
+# buffer of K/V per tile below 5 stages here (the addresses come from a block-table load, a
+# second level of loads), so the next tile's copy is issued only after this tile's products;
+# from 5 stages on it keeps two, and the copy of tile i + 1 overlaps the work on tile i.
+CHAPTER12_LAUNCHES = ((128, 4, 3, 128), (128, 4, 3, 96), (256, 4, 5, None),
+                      (128, 4, 5, None), (128, 4, 5, 168), (64, 4, 5, None),
+                      (128, 8, 5, None), (64, 4, 7, None))
+
+
 def variants(fp8, query, tables, lens) -> dict:
-    """Name -> a call: the sub-tile kernel at three launches; chapter 12's with a register cap."""
+    """Name -> a call: the sub-tile kernel at three launches; chapter 12's at other launches
+    (a register cap, a deeper pipeline)."""
     calls = {f"subtiles tile {t} warps {w} stages {s}":
              (lambda t=t, w=w, s=s: subtile_attention(fp8, query, tables, lens, t, w, s))
              for t, w, s in ((256, 4, 3), (128, 4, 3), (256, 8, 3))}
-    for t, s, cap in ((128, 3, 128), (128, 3, 96), (256, 3, 168)):
-        def capped(t=t, s=s, cap=cap):
-            with chapter12_launch(t, 4, s, cap):
+    for t, w, s, cap in CHAPTER12_LAUNCHES:
+        def launched(t=t, w=w, s=s, cap=cap):
+            with chapter12_launch(t, w, s, cap):
                 return fp8.paged_attention(query, 0, tables, lens)
-        calls[f"chapter 12 tile {t} warps 4 stages {s} maxnreg {cap}"] = capped
+        calls[f"chapter 12 tile {t} warps {w} stages {s} maxnreg {cap}"] = launched
     return calls
 
 
