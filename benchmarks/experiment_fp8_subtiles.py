@@ -201,21 +201,18 @@ def subtile_attention(cache, query, tables, lens, tile: int, warps: int, stages:
 
 
 @contextlib.contextmanager
-def chapter12_launch(tile: int, warps: int, stages: int, maxnreg: int | None):
-    """Chapter 12's own kernel with another launch: tile, warps and stages, and a register cap
-    (``maxnreg``: fewer registers a thread, more programs an SM), patched in for the duration."""
-    kernel, config = fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config
-
-    class Capped:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: kernel[grid](*args, maxnreg=maxnreg, **kwargs)
-
-    fp8_module._fp8_decode_kernel = Capped()
-    fp8_module._fp8_launch_config = lambda *args: (tile, warps, stages, tl.float16)
+def chapter12_launch(tile: int, warps: int, stages: int, maxnreg: int | None,
+                     programs_per_sm: int = 2):
+    """Chapter 12's own kernel with another launch: tile, warps and stages, a register cap
+    (``maxnreg``: fewer registers a thread, more programs an SM) and the programs an SM the
+    split-KV factor aims at, patched in for the duration."""
+    config = fp8_module._fp8_launch_config
+    launch = fp8_module.Fp8Launch(tile, warps, stages, tl.float16, maxnreg, programs_per_sm)
+    fp8_module._fp8_launch_config = lambda *args: launch
     try:
         yield
     finally:
-        fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config = kernel, config
+        fp8_module._fp8_launch_config = config
 
 
 # (tile, warps, stages, maxnreg) for chapter 12's own kernel. Triton's pipeliner keeps one

@@ -34,7 +34,7 @@ import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import HEADS, paired_caches  # noqa: E402
 from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.fp8_kv_cache import fp8_bytes_per_token, fp8_supported  # noqa: E402
+from minipaged.fp8_kv_cache import Fp8Launch, fp8_bytes_per_token, fp8_supported  # noqa: E402
 
 DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16}
 TILES = (32, 64, 128, 256)
@@ -58,7 +58,7 @@ def sweep(quick: bool, log=print) -> list[dict]:
             fp8_bytes = batch * length * fp8_bytes_per_token(1, kv_heads, head_dim)
             for dot, tile, warps, stages in grid:
                 fp8_module._fp8_launch_config = (
-                    lambda *_, c=(tile, warps, stages, DOT_DTYPES[dot]): c)
+                    lambda *_, c=Fp8Launch(tile, warps, stages, DOT_DTYPES[dot]): c)
                 row = {"batch": batch, "seq_len": length, "dot": dot, "tile": tile,
                        "num_warps": warps, "num_stages": stages, "bf16_us": bf16_us}
                 run = lambda: fp8.paged_attention(query, 0, tables, lens)  # noqa: E731

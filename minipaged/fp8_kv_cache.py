@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
@@ -270,7 +270,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:964
+    # %% chapters/12_fp8_kv_cache.md:974
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -289,11 +289,14 @@ class Fp8PagedKVCache(PagedKVCache):
         query = query if query.stride(-1) == 1 else query.contiguous()
         block_tables = block_tables.contiguous()
         device, max_tokens = query.device, block_tables.shape[1] * self.block_size
+        launch = _fp8_launch_config(head_dim, device, False, query.dtype)
         chosen = num_splits is None
-        if chosen:
-            num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device)
-        tile, num_warps, num_stages, dot_dtype = _fp8_launch_config(
-            head_dim, device, num_splits > 1, query.dtype)
+        if chosen:                          # aim at the programs an SM holds
+            num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device,
+                                           programs_per_sm=launch.programs_per_sm)
+        if num_splits > 1:
+            launch = _fp8_launch_config(head_dim, device, True, query.dtype)
+        tile = launch.tile
         min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
         _, num_splits = _split_ranges(max_tokens, num_splits, tile, min_split)
         dim_pad = triton.next_power_of_2(head_dim)
@@ -314,9 +317,10 @@ class Fp8PagedKVCache(PagedKVCache):
             block_tables.stride(0), *self.strides(), *self.scale_strides(),
             GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad, BLOCK_SIZE=self.block_size, TILE=tile, SPLIT=num_splits > 1,
-            DOT_DTYPE=dot_dtype,
+            DOT_DTYPE=launch.dot_dtype,
             FP32_PRECISION="ieee" if fp32 else None, INTERPRETED=device.type != "cuda",
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=launch.warps, num_stages=launch.stages,
+            **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
         if num_splits > 1:
             _merge_splits_kernel[(batch, num_heads)](
                 part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
@@ -324,7 +328,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:1022
+    # %% chapters/12_fp8_kv_cache.md:1036
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -544,18 +548,28 @@ def _fp8_decode_kernel(
 
 
 # %% chapters/12_fp8_kv_cache.md:950
+class Fp8Launch(NamedTuple):
+    """How the fp8 decode kernel is launched."""
+    tile: int                           # tokens per loop step
+    warps: int
+    stages: int                         # Triton's software-pipeline stages
+    dot_dtype: tl.dtype                 # what tl.dot multiplies
+    max_registers: int | None = None    # a cap a thread: more programs an SM
+    programs_per_sm: int = 2            # what the split-KV factor aims at
+
+
 def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
-                       dtype: torch.dtype) -> tuple[int, int, int, tl.dtype]:
-    """(tokens per tile, warps, pipeline stages, ``tl.dot`` input dtype) of the fp8
-    decode kernel for a query of ``dtype``."""
+                       dtype: torch.dtype) -> Fp8Launch:
+    """The fp8 decode kernel's launch for a query of ``dtype``."""
     if device.type != "cuda" or dtype == torch.float32:    # fp32 tiles: chapter 8's
-        return (*_launch_config(head_dim, device, split), tl.float32)
-    if head_dim > 128:                  # a 256-token tile would outgrow shared memory
-        return 64, 4, 3, tl.float16
-    return 256, 4, 3, tl.float16        # measured on the H200, see below
+        return Fp8Launch(*_launch_config(head_dim, device, split), tl.float32)
+    if head_dim > 128:
+        return Fp8Launch(64, 4, 3, tl.float16)
+    return Fp8Launch(128, 4, 3, tl.float16, max_registers=128,  # measured on the H200,
+                     programs_per_sm=4)                          # see below
 
 
-# %% chapters/12_fp8_kv_cache.md:1119
+# %% chapters/12_fp8_kv_cache.md:1133
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized
@@ -588,7 +602,7 @@ class LLM(EngineLLM):
                            block_size)
 
 
-# %% chapters/12_fp8_kv_cache.md:1187
+# %% chapters/12_fp8_kv_cache.md:1201
 def teacher_forced(model, cache, sequences: list[list[int]],
                    prompt_len: int) -> torch.Tensor:
     """Logits [B, steps, vocab] of a paged model: prefill the prompts, then decode

@@ -46,7 +46,8 @@ def test_bench_swap_copy_says_it_needs_a_gpu():
     assert done.returncode == 2 and "needs a GPU" in done.stdout
 
 
-@pytest.mark.parametrize("script", ["sweep_fp8_decode.py", "experiment_fp8_subtiles.py"])
+@pytest.mark.parametrize("script", ["sweep_fp8_decode.py", "experiment_fp8_subtiles.py",
+                                    "sweep_fp8_occupancy.py"])
 def test_fp8_kernel_timings_say_they_need_a_gpu_with_fp8(tmp_path, script):
     import torch
 

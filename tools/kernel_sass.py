@@ -12,7 +12,8 @@ without spending GPU time. The build is Triton's own for sm90 (no GPU is needed:
 cuobjdump come with Triton); timings still need the card.
 
 - ``bf16``: chapter 8's ``_paged_decode_kernel`` (default tile 64, as its launcher picks);
-- ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default tile 256);
+- ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
+  cap of 128 registers a thread);
 - ``fp8-subtiles``: the candidate of ``benchmarks/experiment_fp8_subtiles.py``.
 """
 
@@ -85,7 +86,8 @@ def programs_per_sm(registers: int, warps: int, shared: int) -> dict:
 
 
 def longest_loop(sass: str) -> dict:
-    """The longest backward branch's body: its instruction count and top opcodes."""
+    """The longest backward branch's body: its instruction count, top opcodes, and the
+    loads and stores of spilled registers (LDL, STL) in it."""
     code = [(int(a, 16), text) for a, text in
             re.findall(r"/\*([0-9a-f]+)\*/\s+([A-Z@][^;]*);", sass)]
     best = []
@@ -96,7 +98,8 @@ def longest_loop(sass: str) -> dict:
             best = max(best, body, key=len)
     opcodes = collections.Counter(t.split()[1 if t.startswith("@") else 0].split(".")[0]
                                   for t in best)
-    return {"instructions": len(best), "top_opcodes": dict(opcodes.most_common(10))}
+    return {"instructions": len(best), "top_opcodes": dict(opcodes.most_common(10)),
+            "spill_loads": opcodes["LDL"], "spill_stores": opcodes["STL"]}
 
 
 def main(argv=None) -> int:
@@ -107,11 +110,19 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args(argv)
-    tile = args.tile or (64 if args.kernel == "bf16" else 256)
+    tile = args.tile or {"bf16": 64, "fp8": 128}.get(args.kernel, 256)
+    maxnreg = args.maxnreg if args.maxnreg is not None else (
+        128 if args.kernel == "fp8" and args.tile is None else None)
     options = {"num_warps": args.warps, "num_stages": args.stages}
-    if args.maxnreg:
-        options["maxnreg"] = args.maxnreg
-    compiled = triton.compile(kernel_source(args.kernel, tile),
+    if maxnreg:                         # --maxnreg 0: no cap
+        options["maxnreg"] = maxnreg
+    print(json.dumps(report(args.kernel, tile, options)))
+    return 0
+
+
+def report(kernel: str, tile: int, options: dict) -> dict:
+    """Registers, stack, shared memory, programs an SM and the tile loop of one build."""
+    compiled = triton.compile(kernel_source(kernel, tile),
                               target=GPUTarget("cuda", 90, 32), options=options)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as folder:
@@ -121,15 +132,13 @@ def main(argv=None) -> int:
                                             capture_output=True, text=True, check=True).stdout
         usage, sass = run("-res-usage"), run("-sass")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    result = {"kernel": args.kernel, "tile": tile, **options, "target": "sm90",
-              "registers": registers,
-              "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
-              "shared_bytes": compiled.metadata.shared,
-              "programs_per_sm": programs_per_sm(registers, args.warps,
-                                                 compiled.metadata.shared),
-              "loop": longest_loop(sass)}
-    print(json.dumps(result))
-    return 0
+    return {"kernel": kernel, "tile": tile, **options, "target": "sm90",
+            "registers": registers,
+            "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "shared_bytes": compiled.metadata.shared,
+            "programs_per_sm": programs_per_sm(registers, options["num_warps"],
+                                               compiled.metadata.shared),
+            "loop": longest_loop(sass)}
 
 
 if __name__ == "__main__":
