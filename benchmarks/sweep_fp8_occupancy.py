@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import json
 import sys
 from pathlib import Path
@@ -31,11 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton  # noqa: E402
 
-import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import paired_caches  # noqa: E402
 from benchmarks.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
-from minipaged.decode_attention import choose_num_splits, paged_attention  # noqa: E402
+from minipaged.decode_attention import paged_attention  # noqa: E402
 from minipaged.fp8_kv_cache import fp8_bytes_per_token, fp8_supported  # noqa: E402
 
 # (tile, warps, stages, register cap, programs an SM the split aims at)
@@ -55,10 +53,8 @@ def timings(log=print) -> list[dict]:
             row = {"batch": batch, "seq_len": length, "tile": tile, "warps": warps,
                    "stages": stages, "max_registers": cap, "programs_per_sm": per_sm,
                    "bf16_us": bf16_us}
-            fp8_module.choose_num_splits = functools.partial(choose_num_splits,
-                                                             programs_per_sm=per_sm)
             try:
-                with chapter12_launch(tile, warps, stages, cap):
+                with chapter12_launch(tile, warps, stages, cap, per_sm):
                     run = lambda: fp8.paged_attention(query, 0, tables, lens)  # noqa: E731
                     out = run().float()
                     row["fp8_us"] = bench(run)
@@ -67,8 +63,6 @@ def timings(log=print) -> list[dict]:
                 log(json.dumps(row))
                 rows.append(row)
                 continue
-            finally:
-                fp8_module.choose_num_splits = choose_num_splits
             row.update({"speedup": bf16_us / row["fp8_us"],
                         "fp8_copy_fraction": fp8_bytes / (row["fp8_us"] * 1e-6)
                         / (COPY_TBPS * 1e12),
