@@ -120,3 +120,20 @@ def test_fp8_subtile_kernel_matches_attention_over_the_dequantized_cache(group, 
         out = subtile_attention(cache, query, tables, lens, tile, 4, 1, splits=splits)
         assert torch.equal(out[0], torch.zeros_like(out[0]))
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5, splits
+
+
+@pytest.mark.parametrize("layout", ["bf16 NHD", "fp8 NHD", "fp8 HND"])
+@pytest.mark.parametrize("length", [1, 37, 130])
+def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
+    """benchmarks/experiment_kv_gather_floor.py's loads-only kernel, under the interpreter:
+    its per-(sequence, head) sums of K and V words are torch's, in each layout."""
+    import torch
+
+    from benchmarks.experiment_kv_gather_floor import (LAYOUTS, gather_sum, make_case,
+                                                       reference_sum)
+
+    elem, order = LAYOUTS[layout]
+    k, v, tables, strides, words = make_case(2, length, elem, order, "cpu")
+    got = gather_sum(k, v, tables, strides, words, length)
+    assert torch.equal(got, reference_sum(k, v, tables, order, length))
+    assert got.abs().sum() > 0
