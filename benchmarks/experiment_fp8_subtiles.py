@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import json
 import math
 import sys
 from pathlib import Path
@@ -51,6 +49,7 @@ from minipaged.decode_attention import (_merge_splits_kernel, _split_ranges,  # 
                                         choose_num_splits)
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from minipaged.fp8_kv_cache import _e4m3_pairs, fp8_supported  # noqa: E402
+from benchmarks.gpu_record import write_gpu_record  # noqa: E402
 
 
 @triton.jit
@@ -286,17 +285,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or not fp8_supported("cuda"):
         print("needs a GPU with FP8 (compute capability 8.9 or newer)")
         return 2
-    from benchmarks.bench_decode_attention import COPY_TBPS
-
-    result = {"device": torch.cuda.get_device_name(),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python " + " ".join(sys.argv),
-              "versions": {"torch": torch.__version__,
-                           "triton": triton.__version__},
-              "copy_bandwidth_bytes_per_s": COPY_TBPS * 1e12, "rows": timings()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_subtiles_h200.json").write_text(json.dumps(result, indent=1))
+    write_gpu_record(args.out, "fp8_subtiles_h200.json", rows=timings())
     return 0
 
 

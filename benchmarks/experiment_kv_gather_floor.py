@@ -22,8 +22,6 @@ Each row records the median µs and the share of the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from benchmarks.gpu_record import write_gpu_record  # noqa: E402
 
 BLOCK_SIZE, KV_HEADS, HEAD_DIM, TILE = 16, 8, 128, 128
 LAYOUTS = {"bf16 NHD": (2, "NHD"), "fp8 NHD": (1, "NHD"), "fp8 HND": (1, "HND")}
@@ -123,16 +122,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a GPU")
         return 2
-    from benchmarks.bench_decode_attention import COPY_TBPS
-
-    result = {"device": torch.cuda.get_device_name(),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python " + " ".join(sys.argv),
-              "versions": {"torch": torch.__version__, "triton": triton.__version__},
-              "copy_bandwidth_bytes_per_s": COPY_TBPS * 1e12, "rows": timings()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kv_gather_floor_h200.json").write_text(json.dumps(result, indent=1))
+    write_gpu_record(args.out, "kv_gather_floor_h200.json", rows=timings())
     return 0
 
 

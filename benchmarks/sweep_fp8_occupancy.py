@@ -19,7 +19,6 @@ registers, spills, shared memory and the programs an SM holds.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -28,13 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
-import triton  # noqa: E402
 
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import paired_caches  # noqa: E402
 from benchmarks.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
 from minipaged.decode_attention import paged_attention  # noqa: E402
 from minipaged.fp8_kv_cache import fp8_bytes_per_token, fp8_supported  # noqa: E402
+from benchmarks.gpu_record import write_gpu_record  # noqa: E402
 
 # (tile, warps, stages, register cap, programs an SM the split aims at)
 LAUNCHES = ((256, 4, 3, None, 2), (128, 4, 3, None, 2), (128, 4, 3, 128, 2),
@@ -105,15 +104,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or not fp8_supported("cuda"):
         print("needs a GPU with FP8 (compute capability 8.9 or newer)")
         return 2
-    result = {"device": torch.cuda.get_device_name(),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python " + " ".join(sys.argv),
-              "versions": {"torch": torch.__version__, "triton": triton.__version__},
-              "copy_bandwidth_bytes_per_s": COPY_TBPS * 1e12, "rows": timings(),
-              "builds": builds()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_occupancy_h200.json").write_text(json.dumps(result, indent=1))
+    write_gpu_record(args.out, "fp8_occupancy_h200.json", rows=timings(), builds=builds())
     return 0
 
 
