@@ -47,6 +47,7 @@ def test_bench_swap_copy_says_it_needs_a_gpu():
 
 
 @pytest.mark.parametrize("script", ["sweep_fp8_decode.py", "experiment_fp8_subtiles.py",
+                                    "experiment_fp8_table_ahead.py",
                                     "sweep_fp8_occupancy.py"])
 def test_fp8_kernel_timings_say_they_need_a_gpu_with_fp8(tmp_path, script):
     import torch
@@ -137,3 +138,22 @@ def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
     got = gather_sum(k, v, tables, strides, words, length)
     assert torch.equal(got, reference_sum(k, v, tables, order, length))
     assert got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("batch,length,splits", [(2, 70, None), (3, 33, 3), (1, 1, None)])
+def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits):
+    """benchmarks/experiment_fp8_table_ahead.py's kernel (the block table read a tile ahead)
+    gives chapter 12's output exactly, under the interpreter: ranges shorter than a tile,
+    splits, a length cut inside a block and an empty sequence."""
+    import torch
+
+    from benchmarks.bench_fp8 import paired_caches
+    from benchmarks.experiment_fp8_table_ahead import table_ahead_launch
+
+    cache, fp8, query, tables, lens = paired_caches(batch, length, 8, 2, 16, 16, "cpu")
+    lens[0] = max(0, length - 5)
+    shipped = fp8.paged_attention(query, 0, tables, lens, num_splits=splits)
+    with table_ahead_launch():
+        ahead = fp8.paged_attention(query, 0, tables, lens, num_splits=splits)
+    assert torch.equal(ahead, shipped) and not ahead.isnan().any()
+    assert shipped.abs().sum() > 0 or batch == 1

@@ -133,3 +133,17 @@ def test_kernel_sass_reads_the_sm90_build_of_the_fp8_decode_kernel_without_a_gpu
     loop = report["loop"]
     assert loop["instructions"] > 100
     assert {"HMMA", "F2FP"} <= set(loop["top_opcodes"])
+
+
+def test_kernel_sass_builds_the_table_ahead_candidate_for_sm90():
+    """The candidate of benchmarks/experiment_fp8_table_ahead.py compiles (not interpreted) for
+    sm90, with the register cap of its default launch honoured."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "tools/kernel_sass.py", "fp8-table-ahead"],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["tile"] == 128 and report["registers"] <= 128
+    assert {"HMMA", "F2FP"} <= set(report["loop"]["top_opcodes"])

@@ -1,7 +1,7 @@
 """What a decode kernel compiles to on an H200 (sm90), on a machine without a GPU.
 
-    python tools/kernel_sass.py [bf16 | fp8 | fp8-subtiles] [--tile N] [--warps N] [--stages N]
-                                [--maxnreg N]
+    python tools/kernel_sass.py [bf16 | fp8 | fp8-subtiles | fp8-table-ahead] [--tile N]
+                                [--warps N] [--stages N] [--maxnreg N]
 
 Compiles one specialization at the course's decode shape (32 query / 8 KV heads, head dim 128,
 block size 16, bf16 queries, no split; integer strides divisible by 16, as the JIT sees them) and
@@ -14,7 +14,8 @@ cuobjdump come with Triton); timings still need the card.
 - ``bf16``: chapter 8's ``_paged_decode_kernel`` (default tile 64, as its launcher picks);
 - ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
   cap of 128 registers a thread);
-- ``fp8-subtiles``: the candidate of ``benchmarks/experiment_fp8_subtiles.py``.
+- ``fp8-subtiles``: the candidate of ``benchmarks/experiment_fp8_subtiles.py``;
+- ``fp8-table-ahead``: the candidate of ``benchmarks/experiment_fp8_table_ahead.py``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ def kernel_source(name: str, tile: int) -> ASTSource:
         return source(_subtile_kernel, fp8_pointers,
                       dict(GP=4, J=4, D=128, BLOCK_SIZE=16, TILE=tile, SPLIT=False,
                            INTERP=False, DOT=tl.float16))
-    raise SystemExit(f"unknown kernel {name!r}: bf16, fp8 or fp8-subtiles")
+    if name == "fp8-table-ahead":
+        from experiment_fp8_table_ahead import table_ahead_kernel
+        return source(table_ahead_kernel(), fp8_pointers,
+                      dict(GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=16, TILE=tile,
+                           SPLIT=False, DOT_DTYPE=tl.float16, FP32_PRECISION=None,
+                           INTERPRETED=False))
+    raise SystemExit(f"unknown kernel {name!r}: bf16, fp8, fp8-subtiles or fp8-table-ahead")
 
 
 def programs_per_sm(registers: int, warps: int, shared: int) -> dict:
@@ -110,9 +117,9 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args(argv)
-    tile = args.tile or {"bf16": 64, "fp8": 128}.get(args.kernel, 256)
+    tile = args.tile or {"bf16": 64, "fp8": 128, "fp8-table-ahead": 128}.get(args.kernel, 256)
     maxnreg = args.maxnreg if args.maxnreg is not None else (
-        128 if args.kernel == "fp8" and args.tile is None else None)
+        128 if args.kernel in ("fp8", "fp8-table-ahead") and args.tile is None else None)
     options = {"num_warps": args.warps, "num_stages": args.stages}
     if maxnreg:                         # --maxnreg 0: no cap
         options["maxnreg"] = maxnreg

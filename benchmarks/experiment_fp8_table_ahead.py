@@ -1,0 +1,164 @@
+"""A candidate for chapter 12's fp8 decode kernel: the block table read one tile ahead.
+
+    python benchmarks/experiment_fp8_table_ahead.py --out DIR
+
+Writes DIR/fp8_table_ahead_h200.json: {"device", "date", "command", "versions",
+"copy_bandwidth_bytes_per_s", "rows": [...]}.
+
+Why: in chapter 12's loop a tile's K/V addresses come from a block-table load of the same
+iteration. With that second level of loads Triton's pipeliner keeps one buffer per tile and issues
+the next tile's copy only after this tile's products, so a program waits for every copy and only
+other programs on the SM hide it. Here the table entries of tile ``i + 1`` are loaded during tile
+``i`` and carried into the next iteration, so the K/V addresses no longer depend on a load of their
+own iteration. Compiled for sm90 (``python tools/kernel_sass.py fp8-table-ahead``), the pipeliner
+then keeps two buffers at 3 stages (a wait that leaves one tile's copies in flight), at 74 KB of
+shared memory for 128-token tiles and 40 KB for 64.
+
+The candidate is chapter 12's kernel with that one change, made on its source text (so the two
+cannot drift apart; a change to the chapter's loop stops this script with a clear error). For
+chapter 8's shapes and three more it times chapter 12's shipped launch and the candidate at a few
+launches, with the relative distance of each output from the shipped one (the same values are read
+in the same order: it should be 0). tests/test_benchmarks.py checks the candidate against the
+shipped kernel under the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.util
+import inspect
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
+import triton.language as tl  # noqa: E402
+
+import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
+from benchmarks.gpu_record import write_gpu_record  # noqa: E402
+from minipaged.fp8_kv_cache import fp8_supported  # noqa: E402
+
+CHAPTER_LOOP = """    for tile_start in range(start, end, TILE):
+        positions = tile_start + tokens
+        valid = positions < end
+        block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid,
+                        other=0).to(tl.int64)
+"""
+AHEAD_LOOP = """    block_next = tl.load(table_row + (start + tokens) // BLOCK_SIZE,
+                         mask=start + tokens < end, other=0).to(tl.int64)
+    for tile_start in range(start, end, TILE):
+        positions = tile_start + tokens
+        valid = positions < end
+        block = block_next                      # read during the previous tile
+        ahead = positions + TILE
+        block_next = tl.load(table_row + ahead // BLOCK_SIZE, mask=ahead < end,
+                             other=0).to(tl.int64)
+"""
+# (tile, warps, stages, register cap, programs an SM the split aims at)
+# (sm90 build: 128 tokens at a cap of 128 or 168 registers, 74 KB: 3 programs an SM; 64 tokens,
+# 40 KB: 4 programs uncapped (128 registers), 5 at a cap of 96)
+LAUNCHES = ((128, 4, 3, 128, 3), (128, 4, 3, 168, 3), (64, 4, 3, None, 4),
+            (64, 4, 3, 96, 5), (64, 4, 3, 112, 4))
+
+
+def source_of(kernel) -> str:
+    """A Triton function's source without its decorator (compiled or interpreted)."""
+    text = getattr(kernel, "src", None) or textwrap.dedent(inspect.getsource(kernel.fn))
+    return text[text.index("def "):]
+
+
+@functools.cache
+def table_ahead_kernel():
+    """Chapter 12's ``_fp8_decode_kernel`` with its tile loop reading the table a tile ahead."""
+    loop = source_of(fp8_module._attend_fp8_tiles)
+    if CHAPTER_LOOP not in loop:
+        raise RuntimeError("chapter 12's tile loop changed: update CHAPTER_LOOP/AHEAD_LOOP")
+    loop = loop.replace(CHAPTER_LOOP, AHEAD_LOOP).replace("def _attend_fp8_tiles(",
+                                                          "def _attend_table_ahead(")
+    outer = source_of(fp8_module._fp8_decode_kernel).replace(
+        "_attend_fp8_tiles(", "_attend_table_ahead(")
+    path = Path(tempfile.mkdtemp(prefix="minipaged_")) / "fp8_table_ahead_kernel.py"
+    path.write_text("import triton\nimport triton.language as tl\n"
+                    "from minipaged.fp8_kv_cache import _e4m3_pairs\n\n\n"
+                    f"@triton.jit\n{loop}\n\n@triton.jit\n{outer}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._fp8_decode_kernel
+
+
+@contextlib.contextmanager
+def table_ahead_launch(tile: int | None = None, warps: int = 4, stages: int = 3,
+                       maxnreg: int | None = None, programs_per_sm: int = 2):
+    """Chapter 12's ``paged_attention`` running the candidate; with ``tile`` given, at that
+    launch (on a GPU), else at the shipped one."""
+    kernel, config = fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config
+    fp8_module._fp8_decode_kernel = table_ahead_kernel()
+    if tile is not None:
+        launch = fp8_module.Fp8Launch(tile, warps, stages, tl.float16, maxnreg, programs_per_sm)
+        fp8_module._fp8_launch_config = lambda *args: launch
+    try:
+        yield
+    finally:
+        fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config = kernel, config
+
+
+def timings(log=print) -> list[dict]:
+    from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench
+    from benchmarks.bench_fp8 import paired_caches
+    from minipaged.decode_attention import paged_attention
+    from minipaged.fp8_kv_cache import fp8_bytes_per_token
+
+    rows = []
+    for batch, length in [*SIZES, (32, 8192), (128, 2048)]:
+        cache, fp8, query, tables, lens = paired_caches(batch, length, 32, 8, 128, 16, "cuda")
+        run = lambda: fp8.paged_attention(query, 0, tables, lens)  # noqa: E731
+        shipped = run().float()
+        bf16_us = bench(lambda: paged_attention(query, cache, 0, tables, lens))
+        shipped_us = bench(run)
+        fp8_bytes = batch * length * fp8_bytes_per_token(1, 8, 128)
+        log(f"B={batch} L={length}: bf16 {bf16_us:.1f} us, chapter 12 {shipped_us:.1f} us")
+        for tile, warps, stages, cap, per_sm in LAUNCHES:
+            row = {"batch": batch, "seq_len": length, "tile": tile, "warps": warps,
+                   "stages": stages, "max_registers": cap, "programs_per_sm": per_sm,
+                   "bf16_us": bf16_us, "chapter12_us": shipped_us}
+            try:
+                with table_ahead_launch(tile, warps, stages, cap, per_sm):
+                    out = run().float()
+                    row["us"] = bench(run)
+            except Exception as error:  # recorded: out of shared memory, for one
+                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                rows.append(row)
+                log(f"  {row}")
+                continue
+            row.update({"speedup_over_bf16": bf16_us / row["us"],
+                        "copy_fraction": fp8_bytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12),
+                        "rel_distance_from_chapter12": ((out - shipped).norm()
+                                                        / shipped.norm()).item()})
+            rows.append(row)
+            log(f"  tile {tile} stages {stages} cap {cap} aim {per_sm}: {row['us']:.1f} us "
+                f"(x{row['speedup_over_bf16']:.2f}, {row['copy_fraction']:.0%} of copy)")
+        del cache, fp8, query, tables, lens
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results", help="folder for the JSON record")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or not fp8_supported("cuda"):
+        print("needs a GPU with FP8 (compute capability 8.9 or newer)")
+        return 2
+    write_gpu_record(args.out, "fp8_table_ahead_h200.json", rows=timings())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
