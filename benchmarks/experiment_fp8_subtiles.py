@@ -31,7 +31,6 @@ attention over the dequantized cache); none of this has yet been timed on a GPU.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import sys
@@ -48,8 +47,8 @@ from minipaged.block_table import ceil_div  # noqa: E402
 from minipaged.decode_attention import (_merge_splits_kernel, _split_ranges,  # noqa: E402
                                         choose_num_splits)
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
-from minipaged.fp8_kv_cache import _e4m3_pairs, fp8_supported  # noqa: E402
-from benchmarks.gpu_record import write_gpu_record  # noqa: E402
+from minipaged.fp8_kv_cache import _e4m3_pairs  # noqa: E402
+from benchmarks.gpu_record import gpu_main, time_candidate  # noqa: E402
 
 
 @triton.jit
@@ -238,7 +237,7 @@ def variants(fp8, query, tables, lens) -> dict:
 
 
 def timings(log=print) -> list[dict]:
-    from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench
+    from benchmarks.bench_decode_attention import SIZES, bench
     from benchmarks.bench_fp8 import paired_caches
     from minipaged.decode_attention import paged_attention
     from minipaged.fp8_kv_cache import fp8_bytes_per_token
@@ -258,35 +257,14 @@ def timings(log=print) -> list[dict]:
                 row = {"batch": batch, "seq_len": length, "q_heads": q_heads, "kv_heads": 8,
                        "head_dim": 128, "variant": name, "bf16_us": bf16_us,
                        "chapter12_us": fp8_us}
-                try:
-                    out = call()
-                    row["rel_distance_from_chapter12"] = (
-                        (out.float() - ref).norm() / ref.norm()).item()
-                    row["us"] = bench(call)
-                except Exception as error:  # too much shared memory: recorded
-                    row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-                    rows.append(row)
-                    log(f"  {name}: {row['error']}")
-                    continue
-                row["speedup_over_bf16"] = bf16_us / row["us"]
-                row["copy_fraction"] = fbytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12)
-                rows.append(row)
-                log(f"  {name}: {row['us']:.1f} us (x{row['speedup_over_bf16']:.2f}, "
-                    f"{row['copy_fraction']:.0%} of copy)")
+                rows.append(time_candidate(row, call, ref, bf16_us, fbytes, log))
             del cache, fp8, query, tables, lens
             torch.cuda.empty_cache()
     return rows
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results", help="folder for the JSON record")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not fp8_supported("cuda"):
-        print("needs a GPU with FP8 (compute capability 8.9 or newer)")
-        return 2
-    write_gpu_record(args.out, "fp8_subtiles_h200.json", rows=timings())
-    return 0
+    return gpu_main(argv, __doc__, "fp8_subtiles_h200.json", lambda: {"rows": timings()})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ shipped kernel under the CPU interpreter.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import importlib.util
@@ -41,8 +40,7 @@ import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter swi
 import triton.language as tl  # noqa: E402
 
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
-from benchmarks.gpu_record import write_gpu_record  # noqa: E402
-from minipaged.fp8_kv_cache import fp8_supported  # noqa: E402
+from benchmarks.gpu_record import gpu_main, time_candidate  # noqa: E402
 
 CHAPTER_LOOP = """    for tile_start in range(start, end, TILE):
         positions = tile_start + tokens
@@ -110,7 +108,7 @@ def table_ahead_launch(tile: int | None = None, warps: int = 4, stages: int = 3,
 
 
 def timings(log=print) -> list[dict]:
-    from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench
+    from benchmarks.bench_decode_attention import SIZES, bench
     from benchmarks.bench_fp8 import paired_caches
     from minipaged.decode_attention import paged_attention
     from minipaged.fp8_kv_cache import fp8_bytes_per_token
@@ -128,36 +126,19 @@ def timings(log=print) -> list[dict]:
             row = {"batch": batch, "seq_len": length, "tile": tile, "warps": warps,
                    "stages": stages, "max_registers": cap, "programs_per_sm": per_sm,
                    "bf16_us": bf16_us, "chapter12_us": shipped_us}
-            try:
-                with table_ahead_launch(tile, warps, stages, cap, per_sm):
-                    out = run().float()
-                    row["us"] = bench(run)
-            except Exception as error:  # recorded: out of shared memory, for one
-                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
-                rows.append(row)
-                log(f"  {row}")
-                continue
-            row.update({"speedup_over_bf16": bf16_us / row["us"],
-                        "copy_fraction": fp8_bytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12),
-                        "rel_distance_from_chapter12": ((out - shipped).norm()
-                                                        / shipped.norm()).item()})
-            rows.append(row)
-            log(f"  tile {tile} stages {stages} cap {cap} aim {per_sm}: {row['us']:.1f} us "
-                f"(x{row['speedup_over_bf16']:.2f}, {row['copy_fraction']:.0%} of copy)")
+            row["variant"] = f"tile {tile} stages {stages} cap {cap} aim {per_sm}"
+
+            def candidate(launch=(tile, warps, stages, cap, per_sm)):
+                with table_ahead_launch(*launch):
+                    return run()
+            rows.append(time_candidate(row, candidate, shipped, bf16_us, fp8_bytes, log))
         del cache, fp8, query, tables, lens
         torch.cuda.empty_cache()
     return rows
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results", help="folder for the JSON record")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not fp8_supported("cuda"):
-        print("needs a GPU with FP8 (compute capability 8.9 or newer)")
-        return 2
-    write_gpu_record(args.out, "fp8_table_ahead_h200.json", rows=timings())
-    return 0
+    return gpu_main(argv, __doc__, "fp8_table_ahead_h200.json", lambda: {"rows": timings()})
 
 
 if __name__ == "__main__":

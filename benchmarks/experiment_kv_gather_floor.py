@@ -21,7 +21,6 @@ Each row records the median µs and the share of the measured copy bandwidth.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from benchmarks.gpu_record import write_gpu_record  # noqa: E402
+from benchmarks.gpu_record import gpu_main  # noqa: E402
 
 BLOCK_SIZE, KV_HEADS, HEAD_DIM, TILE = 16, 8, 128, 128
 LAYOUTS = {"bf16 NHD": (2, "NHD"), "fp8 NHD": (1, "NHD"), "fp8 HND": (1, "HND")}
@@ -116,14 +115,8 @@ def timings(log=print) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results", help="folder for the JSON record")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a GPU")
-        return 2
-    write_gpu_record(args.out, "kv_gather_floor_h200.json", rows=timings())
-    return 0
+    return gpu_main(argv, __doc__, "kv_gather_floor_h200.json", lambda: {"rows": timings()},
+                    needs_fp8=False)
 
 
 if __name__ == "__main__":

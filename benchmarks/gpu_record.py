@@ -1,7 +1,9 @@
-"""The header every GPU experiment's JSON record carries, and the writing of it."""
+"""What the GPU experiments share: their command line, the header of their JSON record, and the
+timing of one candidate against chapter 12's kernel."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import sys
@@ -10,7 +12,7 @@ from pathlib import Path
 import torch
 import triton
 
-from benchmarks.bench_decode_attention import COPY_TBPS
+from benchmarks.bench_decode_attention import COPY_TBPS, bench
 
 
 def write_gpu_record(out: str | Path, name: str, **fields) -> Path:
@@ -25,3 +27,40 @@ def write_gpu_record(out: str | Path, name: str, **fields) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / name).write_text(json.dumps(record, indent=1))
     return path / name
+
+
+def gpu_main(argv, doc: str, name: str, collect, needs_fp8: bool = True) -> int:
+    """An experiment's ``main``: ``--out DIR``; exit 2 with a clear line without the GPU it
+    needs; else ``collect()``'s fields written to ``DIR/name``."""
+    from minipaged.fp8_kv_cache import fp8_supported
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default="results", help="folder for the JSON record")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or (needs_fp8 and not fp8_supported("cuda")):
+        print("needs a GPU with FP8 (compute capability 8.9 or newer)" if needs_fp8
+              else "needs a GPU")
+        return 2
+    write_gpu_record(args.out, name, **collect())
+    return 0
+
+
+def time_candidate(row: dict, call, reference: torch.Tensor, bf16_us: float,
+                   fp8_bytes: int, log=print) -> dict:
+    """Fill ``row`` with one candidate's median µs, speed-up over bf16, share of the copy
+    bandwidth and relative distance from chapter 12's output; a candidate that fails (out of
+    shared memory, for one) is recorded with its error."""
+    try:
+        out = call().float()
+        row["rel_distance_from_chapter12"] = ((out - reference).norm()
+                                              / reference.norm()).item()
+        row["us"] = bench(call)
+    except Exception as error:
+        row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        log(f"  {row}")
+        return row
+    row["speedup_over_bf16"] = bf16_us / row["us"]
+    row["copy_fraction"] = fp8_bytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12)
+    log(f"  {row.get('variant', '')} {row['us']:.1f} us (x{row['speedup_over_bf16']:.2f}, "
+        f"{row['copy_fraction']:.0%} of copy)")
+    return row

@@ -18,7 +18,6 @@ registers, spills, shared memory and the programs an SM holds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -32,8 +31,8 @@ from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E
 from benchmarks.bench_fp8 import paired_caches  # noqa: E402
 from benchmarks.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
 from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.fp8_kv_cache import fp8_bytes_per_token, fp8_supported  # noqa: E402
-from benchmarks.gpu_record import write_gpu_record  # noqa: E402
+from minipaged.fp8_kv_cache import fp8_bytes_per_token  # noqa: E402
+from benchmarks.gpu_record import gpu_main  # noqa: E402
 
 # (tile, warps, stages, register cap, programs an SM the split aims at)
 LAUNCHES = ((256, 4, 3, None, 2), (128, 4, 3, None, 2), (128, 4, 3, 128, 2),
@@ -98,14 +97,8 @@ def builds(log=print) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results", help="folder for the JSON")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not fp8_supported("cuda"):
-        print("needs a GPU with FP8 (compute capability 8.9 or newer)")
-        return 2
-    write_gpu_record(args.out, "fp8_occupancy_h200.json", rows=timings(), builds=builds())
-    return 0
+    return gpu_main(argv, __doc__, "fp8_occupancy_h200.json",
+                    lambda: {"rows": timings(), "builds": builds()})
 
 
 if __name__ == "__main__":
