@@ -58,11 +58,68 @@ AHEAD_LOOP = """    block_next = tl.load(table_row + (start + tokens) // BLOCK_S
         block_next = tl.load(table_row + ahead // BLOCK_SIZE, mask=ahead < end,
                              other=0).to(tl.int64)
 """
-# (tile, warps, stages, register cap, programs an SM the split aims at)
-# (sm90 build: 128 tokens at a cap of 128 or 168 registers, 74 KB: 3 programs an SM; 64 tokens,
-# 40 KB: 4 programs uncapped (128 registers), 5 at a cap of 96)
-LAUNCHES = ((128, 4, 3, 128, 3), (128, 4, 3, 168, 3), (64, 4, 3, None, 4),
-            (64, 4, 3, 96, 5), (64, 4, 3, 112, 4))
+# The same kernel with the next tile's K/V loaded into registers while this tile is computed
+# (plain loads, no pipeliner: ``num_stages=1``), the table read a tile ahead of those loads.
+CHAPTER_LOADS = CHAPTER_LOOP + """        in_block = positions % BLOCK_SIZE
+        rows = block * stride_block + in_block * stride_token + head_base
+        scale_offsets = block * stride_sblock + scale_head_base + in_block
+        k = tl.load(k_ptr + rows[:, None] + dims[None, :],
+                    mask=valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+        k_scale = tl.load(ks_ptr + scale_offsets, mask=valid, other=0.0)
+"""
+CHAPTER_V_LOADS = """        pair_ok = valid[:, None] & (halves < HEAD_DIM // 2)[None, :]
+        pairs = tl.load(v_pairs_ptr + rows[:, None] // 2 + halves[None, :],
+                        mask=pair_ok, other=0)
+        v_even, v_odd = _e4m3_pairs(pairs, INTERPRETED)
+        v_scale = tl.load(vs_ptr + scale_offsets, mask=valid, other=0.0)
+"""
+CHAPTER_END = """        m = m_new
+"""
+LOADS = """in_block = positions % BLOCK_SIZE
+rows = block * stride_block + in_block * stride_token + head_base
+scale_offsets = block * stride_sblock + scale_head_base + in_block
+{k} = tl.load(k_ptr + rows[:, None] + dims[None, :],
+            mask=valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+{ks} = tl.load(ks_ptr + scale_offsets, mask=valid, other=0.0)
+{pairs} = tl.load(v_pairs_ptr + rows[:, None] // 2 + halves[None, :],
+                mask=valid[:, None] & (halves < HEAD_DIM // 2)[None, :], other=0)
+{vs} = tl.load(vs_ptr + scale_offsets, mask=valid, other=0.0)
+ahead = positions + TILE
+block_next = tl.load(table_row + ahead // BLOCK_SIZE, mask=ahead < end,
+                     other=0).to(tl.int64)
+"""
+PREFETCH_LOADS = (
+    textwrap.indent("""positions = start + tokens
+valid = positions < end
+block = tl.load(table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+""" + LOADS.format(k="k_next", ks="k_scale_next", pairs="pairs_next", vs="v_scale_next"),
+                    "    ")
+    + "    for tile_start in range(start, end, TILE):\n"
+    + textwrap.indent("""k, k_scale, pairs, v_scale = k_next, k_scale_next, pairs_next, v_scale_next
+positions = tile_start + TILE + tokens  # the next tile's loads, issued now
+valid = positions < end
+block = block_next
+""" + LOADS.format(k="k_next", ks="k_scale_next", pairs="pairs_next", vs="v_scale_next")
+                      + "valid = tile_start + tokens < end\n", "        "))
+PREFETCH_V_LOADS = """        v_even, v_odd = _e4m3_pairs(pairs, INTERPRETED)
+"""
+
+# (kind, tile, warps, stages, register cap, programs an SM the split aims at)
+# sm90 builds (python tools/kernel_sass.py fp8-table-ahead | fp8-registers-ahead ...):
+# table ahead, 128 tokens at a cap of 128 or 168 registers, 74 KB: 3 programs an SM; 64 tokens,
+# 40 KB: 4 programs uncapped (128 registers), 5 at a cap of 96; at 4 stages 58 KB, 3 programs;
+# 128 tokens at 2 stages, 42 KB, one buffer: 4 programs at a cap of 128.
+# registers ahead (one stage): 64 tokens, 4 warps: 206 registers, 2 programs, no spill (3 at a
+# cap of 168, 49 spill reloads); 8 warps: 146 registers, 1 program (2 at a cap of 128, 6
+# reloads); 128 tokens, 8 warps, cap 128: 2 programs, 100 reloads; 32 tokens, 4 warps: 150
+# registers, 3 programs, no spill.
+LAUNCHES = (("table", 128, 4, 3, 128, 3), ("table", 128, 4, 3, 168, 3),
+            ("table", 64, 4, 3, None, 4), ("table", 64, 4, 3, 96, 5),
+            ("table", 64, 4, 3, 112, 4), ("table", 64, 4, 4, None, 3),
+            ("table", 128, 4, 2, 128, 4),
+            ("registers", 64, 4, 1, None, 2), ("registers", 64, 4, 1, 168, 3),
+            ("registers", 64, 8, 1, 128, 2), ("registers", 64, 8, 1, None, 1),
+            ("registers", 128, 8, 1, 128, 2), ("registers", 32, 4, 1, None, 3))
 
 
 def source_of(kernel) -> str:
@@ -71,17 +128,26 @@ def source_of(kernel) -> str:
     return text[text.index("def "):]
 
 
+def replace_all(text: str, edits) -> str:
+    for old, new in edits:
+        if old not in text:
+            raise RuntimeError("chapter 12's tile loop changed: update this script's loop text")
+        text = text.replace(old, new)
+    return text
+
+
 @functools.cache
-def table_ahead_kernel():
-    """Chapter 12's ``_fp8_decode_kernel`` with its tile loop reading the table a tile ahead."""
+def table_ahead_kernel(kind: str = "table"):
+    """Chapter 12's ``_fp8_decode_kernel`` with its tile loop reading the table a tile ahead
+    (``kind="table"``), or the next tile's K/V too, into registers (``"registers"``)."""
     loop = source_of(fp8_module._attend_fp8_tiles)
-    if CHAPTER_LOOP not in loop:
-        raise RuntimeError("chapter 12's tile loop changed: update CHAPTER_LOOP/AHEAD_LOOP")
-    loop = loop.replace(CHAPTER_LOOP, AHEAD_LOOP).replace("def _attend_fp8_tiles(",
-                                                          "def _attend_table_ahead(")
+    edits = {"table": [(CHAPTER_LOOP, AHEAD_LOOP)],
+             "registers": [(CHAPTER_LOADS, PREFETCH_LOADS),
+                           (CHAPTER_V_LOADS, PREFETCH_V_LOADS)]}[kind]
+    loop = replace_all(loop, [*edits, ("def _attend_fp8_tiles(", "def _attend_ahead(")])
     outer = source_of(fp8_module._fp8_decode_kernel).replace(
-        "_attend_fp8_tiles(", "_attend_table_ahead(")
-    path = Path(tempfile.mkdtemp(prefix="minipaged_")) / "fp8_table_ahead_kernel.py"
+        "_attend_fp8_tiles(", "_attend_ahead(")
+    path = Path(tempfile.mkdtemp(prefix="minipaged_")) / f"fp8_{kind}_ahead_kernel.py"
     path.write_text("import triton\nimport triton.language as tl\n"
                     "from minipaged.fp8_kv_cache import _e4m3_pairs\n\n\n"
                     f"@triton.jit\n{loop}\n\n@triton.jit\n{outer}")
@@ -93,11 +159,12 @@ def table_ahead_kernel():
 
 @contextlib.contextmanager
 def table_ahead_launch(tile: int | None = None, warps: int = 4, stages: int = 3,
-                       maxnreg: int | None = None, programs_per_sm: int = 2):
-    """Chapter 12's ``paged_attention`` running the candidate; with ``tile`` given, at that
+                       maxnreg: int | None = None, programs_per_sm: int = 2,
+                       kind: str = "table"):
+    """Chapter 12's ``paged_attention`` running a candidate; with ``tile`` given, at that
     launch (on a GPU), else at the shipped one."""
     kernel, config = fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config
-    fp8_module._fp8_decode_kernel = table_ahead_kernel()
+    fp8_module._fp8_decode_kernel = table_ahead_kernel(kind)
     if tile is not None:
         launch = fp8_module.Fp8Launch(tile, warps, stages, tl.float16, maxnreg, programs_per_sm)
         fp8_module._fp8_launch_config = lambda *args: launch
@@ -122,14 +189,15 @@ def timings(log=print) -> list[dict]:
         shipped_us = bench(run)
         fp8_bytes = batch * length * fp8_bytes_per_token(1, 8, 128)
         log(f"B={batch} L={length}: bf16 {bf16_us:.1f} us, chapter 12 {shipped_us:.1f} us")
-        for tile, warps, stages, cap, per_sm in LAUNCHES:
-            row = {"batch": batch, "seq_len": length, "tile": tile, "warps": warps,
-                   "stages": stages, "max_registers": cap, "programs_per_sm": per_sm,
-                   "bf16_us": bf16_us, "chapter12_us": shipped_us}
-            row["variant"] = f"tile {tile} stages {stages} cap {cap} aim {per_sm}"
+        for kind, tile, warps, stages, cap, per_sm in LAUNCHES:
+            row = {"batch": batch, "seq_len": length, "kind": kind, "tile": tile,
+                   "warps": warps, "stages": stages, "max_registers": cap,
+                   "programs_per_sm": per_sm, "bf16_us": bf16_us, "chapter12_us": shipped_us}
+            row["variant"] = (f"{kind} ahead: tile {tile} warps {warps} stages {stages} "
+                              f"cap {cap} aim {per_sm}")
 
-            def candidate(launch=(tile, warps, stages, cap, per_sm)):
-                with table_ahead_launch(*launch):
+            def candidate(launch=(tile, warps, stages, cap, per_sm), kind=kind):
+                with table_ahead_launch(*launch, kind=kind):
                     return run()
             rows.append(time_candidate(row, candidate, shipped, bf16_us, fp8_bytes, log))
         del cache, fp8, query, tables, lens

@@ -140,11 +140,12 @@ def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
     assert got.abs().sum() > 0
 
 
+@pytest.mark.parametrize("kind", ["table", "registers"])
 @pytest.mark.parametrize("batch,length,splits", [(2, 70, None), (3, 33, 3), (1, 1, None)])
-def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits):
-    """benchmarks/experiment_fp8_table_ahead.py's kernel (the block table read a tile ahead)
-    gives chapter 12's output exactly, under the interpreter: ranges shorter than a tile,
-    splits, a length cut inside a block and an empty sequence."""
+def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kind):
+    """benchmarks/experiment_fp8_table_ahead.py's kernels (the block table read a tile ahead;
+    the next tile's K/V too) give chapter 12's output exactly, under the interpreter: ranges
+    shorter than a tile, splits, a length cut inside a block and an empty sequence."""
     import torch
 
     from benchmarks.bench_fp8 import paired_caches
@@ -153,7 +154,7 @@ def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits):
     cache, fp8, query, tables, lens = paired_caches(batch, length, 8, 2, 16, 16, "cpu")
     lens[0] = max(0, length - 5)
     shipped = fp8.paged_attention(query, 0, tables, lens, num_splits=splits)
-    with table_ahead_launch():
+    with table_ahead_launch(kind=kind):
         ahead = fp8.paged_attention(query, 0, tables, lens, num_splits=splits)
     assert torch.equal(ahead, shipped) and not ahead.isnan().any()
     assert shipped.abs().sum() > 0 or batch == 1

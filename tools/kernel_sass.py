@@ -1,12 +1,14 @@
 """What a decode kernel compiles to on an H200 (sm90), on a machine without a GPU.
 
-    python tools/kernel_sass.py [bf16 | fp8 | fp8-subtiles | fp8-table-ahead] [--tile N]
+    python tools/kernel_sass.py [bf16 | fp8 | fp8-subtiles | fp8-table-ahead
+                                 | fp8-registers-ahead] [--tile N]
                                 [--warps N] [--stages N] [--maxnreg N]
 
 Compiles one specialization at the course's decode shape (32 query / 8 KV heads, head dim 128,
 block size 16, bf16 queries, no split; integer strides divisible by 16, as the JIT sees them) and
 prints, as JSON: registers a thread, stack bytes (spills), shared memory, how many programs an SM
-holds and what limits it, and the instructions of the longest loop (one tile of the walk over the cache) with their most frequent opcodes. A
+holds and what limits it, and the instructions of the longest loop (one tile of the walk over
+the cache) with their most frequent opcodes. A
 memory-bound kernel wants few instructions a tile and enough programs an SM; this shows both
 without spending GPU time. The build is Triton's own for sm90 (no GPU is needed: ptxas and
 cuobjdump come with Triton); timings still need the card.
@@ -15,7 +17,9 @@ cuobjdump come with Triton); timings still need the card.
 - ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
   cap of 128 registers a thread);
 - ``fp8-subtiles``: the candidate of ``benchmarks/experiment_fp8_subtiles.py``;
-- ``fp8-table-ahead``: the candidate of ``benchmarks/experiment_fp8_table_ahead.py``.
+- ``fp8-table-ahead``, ``fp8-registers-ahead``: the candidates of
+  ``benchmarks/experiment_fp8_table_ahead.py`` (the table read a tile ahead; the next tile's K/V
+  too, into registers).
 """
 
 from __future__ import annotations
@@ -72,13 +76,14 @@ def kernel_source(name: str, tile: int) -> ASTSource:
         return source(_subtile_kernel, fp8_pointers,
                       dict(GP=4, J=4, D=128, BLOCK_SIZE=16, TILE=tile, SPLIT=False,
                            INTERP=False, DOT=tl.float16))
-    if name == "fp8-table-ahead":
+    if name in ("fp8-table-ahead", "fp8-registers-ahead"):
         from experiment_fp8_table_ahead import table_ahead_kernel
-        return source(table_ahead_kernel(), fp8_pointers,
+        return source(table_ahead_kernel(name.split("-")[1]), fp8_pointers,
                       dict(GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=16, TILE=tile,
                            SPLIT=False, DOT_DTYPE=tl.float16, FP32_PRECISION=None,
                            INTERPRETED=False))
-    raise SystemExit(f"unknown kernel {name!r}: bf16, fp8, fp8-subtiles or fp8-table-ahead")
+    raise SystemExit(f"unknown kernel {name!r}: bf16, fp8, fp8-subtiles, fp8-table-ahead "
+                     "or fp8-registers-ahead")
 
 
 def programs_per_sm(registers: int, warps: int, shared: int) -> dict:
