@@ -1,25 +1,35 @@
-"""A candidate for chapter 12's fp8 decode kernel: the block table read one tile ahead.
+"""Two candidates for chapter 12's fp8 decode kernel: the block table read one tile ahead,
+and the next tile's K/V too.
 
     python benchmarks/experiment_fp8_table_ahead.py --out DIR
 
 Writes DIR/fp8_table_ahead_h200.json: {"device", "date", "command", "versions",
-"copy_bandwidth_bytes_per_s", "rows": [...]}.
+"copy_bandwidth_bytes_per_s", "rows": [...]}; each row has the candidate's ``kind`` ("table" or
+"registers") and launch.
 
 Why: in chapter 12's loop a tile's K/V addresses come from a block-table load of the same
 iteration. With that second level of loads Triton's pipeliner keeps one buffer per tile and issues
 the next tile's copy only after this tile's products, so a program waits for every copy and only
-other programs on the SM hide it. Here the table entries of tile ``i + 1`` are loaded during tile
-``i`` and carried into the next iteration, so the K/V addresses no longer depend on a load of their
-own iteration. Compiled for sm90 (``python tools/kernel_sass.py fp8-table-ahead``), the pipeliner
-then keeps two buffers at 3 stages (a wait that leaves one tile's copies in flight), at 74 KB of
-shared memory for 128-token tiles and 40 KB for 64.
+other programs on the SM hide it.
 
-The candidate is chapter 12's kernel with that one change, made on its source text (so the two
-cannot drift apart; a change to the chapter's loop stops this script with a clear error). For
-chapter 8's shapes and three more it times chapter 12's shipped launch and the candidate at a few
+- ``table``: the table entries of tile ``i + 1`` are loaded during tile ``i`` and carried into the
+  next iteration, so the K/V addresses no longer depend on a load of their own iteration.
+  Compiled for sm90 (``python tools/kernel_sass.py fp8-table-ahead``), the pipeliner then keeps
+  two buffers at 3 stages, at 74 KB of shared memory for 128-token tiles and 40 KB for 64.
+- ``registers``: no pipeliner (one stage); the next tile's K/V are loaded into registers while
+  this tile is computed, the table a tile ahead of them (``fp8-registers-ahead``). The held tile
+  costs registers: fewer programs an SM, or spills.
+
+On the H200 neither beats the shipped launch (one buffer, four programs an SM): at 64 x 4,096 the
+best ``table`` launch takes 209 µs and the best ``registers`` one 333 µs, against 161-165 µs
+(``results/fp8_table_ahead_h200.json``). Chapter 12's section "Programs on an SM" reads the record.
+
+Each candidate is chapter 12's kernel with its change made on the chapter's source text (so the
+two cannot drift apart; a change to the chapter's loop stops this script with a clear error). For
+chapter 8's shapes and three more it times chapter 12's shipped launch and the candidates at a few
 launches, with the relative distance of each output from the shipped one (the same values are read
-in the same order: it should be 0). tests/test_benchmarks.py checks the candidate against the
-shipped kernel under the CPU interpreter.
+in the same order for 128-token tiles: 0). tests/test_benchmarks.py checks the candidates against
+the shipped kernel under the CPU interpreter.
 """
 
 from __future__ import annotations

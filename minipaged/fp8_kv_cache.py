@@ -554,7 +554,7 @@ class Fp8Launch(NamedTuple):
     warps: int
     stages: int                         # Triton's software-pipeline stages
     dot_dtype: tl.dtype                 # what tl.dot multiplies
-    max_registers: int | None = None    # a cap a thread: more programs an SM
+    max_registers: int | None = None    # registers a thread, capped: more programs
     programs_per_sm: int = 2            # what the split-KV factor aims at
 
 
