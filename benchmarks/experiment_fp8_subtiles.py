@@ -48,7 +48,7 @@ from minipaged.decode_attention import (_merge_splits_kernel, _split_ranges,  # 
                                         choose_num_splits)
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from minipaged.fp8_kv_cache import _e4m3_pairs  # noqa: E402
-from benchmarks.gpu_record import gpu_main, time_candidate  # noqa: E402
+from benchmarks.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 
 @triton.jit
@@ -237,29 +237,19 @@ def variants(fp8, query, tables, lens) -> dict:
 
 
 def timings(log=print) -> list[dict]:
-    from benchmarks.bench_decode_attention import SIZES, bench
-    from benchmarks.bench_fp8 import paired_caches
-    from minipaged.decode_attention import paged_attention
-    from minipaged.fp8_kv_cache import fp8_bytes_per_token
+    from benchmarks.bench_decode_attention import SIZES
 
     rows = []
     for batch, length in SIZES:
         for q_heads in ((32, 16) if (batch, length) == (64, 4096) else (32,)):
-            cache, fp8, query, tables, lens = paired_caches(batch, length, q_heads, 8, 128, 16,
-                                                            "cuda")
-            fbytes = batch * length * fp8_bytes_per_token(1, 8, 128)
-            ref = fp8.paged_attention(query, 0, tables, lens).float()
-            bf16_us = bench(lambda: paged_attention(query, cache, 0, tables, lens))
-            fp8_us = bench(lambda: fp8.paged_attention(query, 0, tables, lens))
-            log(f"B={batch} L={length} Hq={q_heads}: bf16 {bf16_us:.1f} us, chapter 12 "
-                f"{fp8_us:.1f} us (x{bf16_us / fp8_us:.2f})")
-            for name, call in variants(fp8, query, tables, lens).items():
-                row = {"batch": batch, "seq_len": length, "q_heads": q_heads, "kv_heads": 8,
-                       "head_dim": 128, "variant": name, "bf16_us": bf16_us,
-                       "chapter12_us": fp8_us}
-                rows.append(time_candidate(row, call, ref, bf16_us, fbytes, log))
-            del cache, fp8, query, tables, lens
-            torch.cuda.empty_cache()
+            with shipped_case(batch, length, q_heads, log) as case:
+                calls = variants(case.fp8, case.query, case.tables, case.lens)
+                for name, call in calls.items():
+                    row = {"batch": batch, "seq_len": length, "q_heads": q_heads,
+                           "kv_heads": 8, "head_dim": 128, "variant": name,
+                           "bf16_us": case.bf16_us, "chapter12_us": case.shipped_us}
+                    rows.append(time_candidate(row, call, case.reference, case.bf16_us,
+                                               case.fp8_bytes, log))
     return rows
 
 

@@ -43,14 +43,13 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton.language as tl  # noqa: E402
 
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
-from benchmarks.gpu_record import gpu_main, time_candidate  # noqa: E402
+from benchmarks.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 CHAPTER_LOOP = """    for tile_start in range(start, end, TILE):
         positions = tile_start + tokens
@@ -185,33 +184,24 @@ def table_ahead_launch(tile: int | None = None, warps: int = 4, stages: int = 3,
 
 
 def timings(log=print) -> list[dict]:
-    from benchmarks.bench_decode_attention import SIZES, bench
-    from benchmarks.bench_fp8 import paired_caches
-    from minipaged.decode_attention import paged_attention
-    from minipaged.fp8_kv_cache import fp8_bytes_per_token
+    from benchmarks.bench_decode_attention import SIZES
 
     rows = []
     for batch, length in [*SIZES, (32, 8192), (128, 2048)]:
-        cache, fp8, query, tables, lens = paired_caches(batch, length, 32, 8, 128, 16, "cuda")
-        run = lambda: fp8.paged_attention(query, 0, tables, lens)  # noqa: E731
-        shipped = run().float()
-        bf16_us = bench(lambda: paged_attention(query, cache, 0, tables, lens))
-        shipped_us = bench(run)
-        fp8_bytes = batch * length * fp8_bytes_per_token(1, 8, 128)
-        log(f"B={batch} L={length}: bf16 {bf16_us:.1f} us, chapter 12 {shipped_us:.1f} us")
-        for kind, tile, warps, stages, cap, per_sm in LAUNCHES:
-            row = {"batch": batch, "seq_len": length, "kind": kind, "tile": tile,
-                   "warps": warps, "stages": stages, "max_registers": cap,
-                   "programs_per_sm": per_sm, "bf16_us": bf16_us, "chapter12_us": shipped_us}
-            row["variant"] = (f"{kind} ahead: tile {tile} warps {warps} stages {stages} "
-                              f"cap {cap} aim {per_sm}")
+        with shipped_case(batch, length, log=log) as case:
+            for kind, tile, warps, stages, cap, per_sm in LAUNCHES:
+                row = {"batch": batch, "seq_len": length, "kind": kind, "tile": tile,
+                       "warps": warps, "stages": stages, "max_registers": cap,
+                       "programs_per_sm": per_sm, "bf16_us": case.bf16_us,
+                       "chapter12_us": case.shipped_us}
+                row["variant"] = (f"{kind} ahead: tile {tile} warps {warps} stages "
+                                  f"{stages} cap {cap} aim {per_sm}")
 
-            def candidate(launch=(tile, warps, stages, cap, per_sm), kind=kind):
-                with table_ahead_launch(*launch, kind=kind):
-                    return run()
-            rows.append(time_candidate(row, candidate, shipped, bf16_us, fp8_bytes, log))
-        del cache, fp8, query, tables, lens
-        torch.cuda.empty_cache()
+                def candidate(launch=(tile, warps, stages, cap, per_sm), kind=kind):
+                    with table_ahead_launch(*launch, kind=kind):
+                        return case.run()
+                rows.append(time_candidate(row, candidate, case.reference, case.bf16_us,
+                                           case.fp8_bytes, log))
     return rows
 
 

@@ -1,13 +1,15 @@
-"""What the GPU experiments share: their command line, the header of their JSON record, and the
-timing of one candidate against chapter 12's kernel."""
+"""What the GPU experiments share: their command line, the header of their JSON record, one
+decode problem with chapter 12's kernel timed on it, and the timing of one candidate against it."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -64,3 +66,32 @@ def time_candidate(row: dict, call, reference: torch.Tensor, bf16_us: float,
     log(f"  {row.get('variant', '')} {row['us']:.1f} us (x{row['speedup_over_bf16']:.2f}, "
         f"{row['copy_fraction']:.0%} of copy)")
     return row
+
+
+@contextlib.contextmanager
+def shipped_case(batch: int, length: int, q_heads: int = 32, log=print, device="cuda",
+                 timer=bench):
+    """A decode problem on ``device`` (8 KV heads, head dim 128, blocks of 16) with chapter 8's
+    bf16 kernel and chapter 12's fp8 kernel timed on it. Yields ``fp8, query, tables, lens``,
+    ``run`` (chapter 12's call), its output ``reference`` (fp32), ``bf16_us``, ``shipped_us``
+    and ``fp8_bytes`` (what the fp8 kernel reads), timed by ``timer``; frees the GPU memory
+    after."""
+    from benchmarks.bench_fp8 import paired_caches
+    from minipaged.decode_attention import paged_attention
+    from minipaged.fp8_kv_cache import fp8_bytes_per_token
+
+    cache, fp8, query, tables, lens = paired_caches(batch, length, q_heads, 8, 128, 16, device)
+    case = SimpleNamespace(fp8=fp8, query=query, tables=tables, lens=lens,
+                           run=lambda: fp8.paged_attention(query, 0, tables, lens),
+                           fp8_bytes=batch * length * fp8_bytes_per_token(1, 8, 128))
+    case.reference = case.run().float()
+    case.bf16_us = timer(lambda: paged_attention(query, cache, 0, tables, lens))
+    case.shipped_us = timer(case.run)
+    log(f"B={batch} L={length} Hq={q_heads}: bf16 {case.bf16_us:.1f} us, chapter 12 "
+        f"{case.shipped_us:.1f} us (x{case.bf16_us / case.shipped_us:.2f})")
+    try:
+        yield case
+    finally:
+        case.__dict__.clear()
+        cache = fp8 = query = tables = lens = None  # noqa: F841  (the closures' cells too)
+        torch.cuda.empty_cache()

@@ -158,3 +158,26 @@ def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kin
         ahead = fp8.paged_attention(query, 0, tables, lens, num_splits=splits)
     assert torch.equal(ahead, shipped) and not ahead.isnan().any()
     assert shipped.abs().sum() > 0 or batch == 1
+
+
+def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors():
+    """benchmarks/gpu_record.py's shipped_case: chapter 12's output is the reference, both
+    kernels are timed on calls that run, and nothing is held once the block ends."""
+    import torch
+
+    from benchmarks.gpu_record import shipped_case
+
+    outputs, logged = [], []
+
+    def timer(call):
+        outputs.append(call())
+        return 10.0 * len(outputs)
+
+    with shipped_case(1, 20, 8, log=logged.append, device="cpu", timer=timer) as case:
+        assert torch.equal(case.run().float(), case.reference)
+        assert case.reference.abs().sum() > 0
+        assert (case.bf16_us, case.shipped_us) == (10.0, 20.0)
+        assert case.fp8_bytes == 20 * (2 * 8 * 128 + 2 * 8 * 4)
+        held, reference = case, case.reference
+    assert len(outputs) == 2 and torch.equal(outputs[1].float(), reference)
+    assert vars(held) == {} and "B=1 L=20 Hq=8" in logged[0]
