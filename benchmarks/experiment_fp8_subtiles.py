@@ -248,8 +248,7 @@ def timings(log=print) -> list[dict]:
                     row = {"batch": batch, "seq_len": length, "q_heads": q_heads,
                            "kv_heads": 8, "head_dim": 128, "variant": name,
                            "bf16_us": case.bf16_us, "chapter12_us": case.shipped_us}
-                    rows.append(time_candidate(row, call, case.reference, case.bf16_us,
-                                               case.fp8_bytes, log))
+                    rows.append(time_candidate(row, call, case, log))
     return rows
 
 

@@ -200,8 +200,7 @@ def timings(log=print) -> list[dict]:
                 def candidate(launch=(tile, warps, stages, cap, per_sm), kind=kind):
                     with table_ahead_launch(*launch, kind=kind):
                         return case.run()
-                rows.append(time_candidate(row, candidate, case.reference, case.bf16_us,
-                                           case.fp8_bytes, log))
+                rows.append(time_candidate(row, candidate, case, log))
     return rows
 
 

@@ -47,22 +47,22 @@ def gpu_main(argv, doc: str, name: str, collect, needs_fp8: bool = True) -> int:
     return 0
 
 
-def time_candidate(row: dict, call, reference: torch.Tensor, bf16_us: float,
-                   fp8_bytes: int, log=print) -> dict:
+def time_candidate(row: dict, call, case, log=print) -> dict:
     """Fill ``row`` with one candidate's median µs, speed-up over bf16, share of the copy
-    bandwidth and relative distance from chapter 12's output; a candidate that fails (out of
-    shared memory, for one) is recorded with its error."""
+    bandwidth and relative distance from chapter 12's output, on ``case`` (a
+    ``shipped_case``); a candidate that fails (out of shared memory, for one) is recorded
+    with its error."""
     try:
         out = call().float()
-        row["rel_distance_from_chapter12"] = ((out - reference).norm()
-                                              / reference.norm()).item()
+        row["rel_distance_from_chapter12"] = ((out - case.reference).norm()
+                                              / case.reference.norm()).item()
         row["us"] = bench(call)
     except Exception as error:
         row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
         log(f"  {row}")
         return row
-    row["speedup_over_bf16"] = bf16_us / row["us"]
-    row["copy_fraction"] = fp8_bytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12)
+    row["speedup_over_bf16"] = case.bf16_us / row["us"]
+    row["copy_fraction"] = case.fp8_bytes / (row["us"] * 1e-6) / (COPY_TBPS * 1e12)
     log(f"  {row.get('variant', '')} {row['us']:.1f} us (x{row['speedup_over_bf16']:.2f}, "
         f"{row['copy_fraction']:.0%} of copy)")
     return row

@@ -160,12 +160,14 @@ def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kin
     assert shipped.abs().sum() > 0 or batch == 1
 
 
-def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors():
+def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors(monkeypatch):
     """benchmarks/gpu_record.py's shipped_case: chapter 12's output is the reference, both
-    kernels are timed on calls that run, and nothing is held once the block ends."""
+    kernels are timed on calls that run, a candidate is timed against it (time_candidate),
+    and nothing is held once the block ends."""
     import torch
 
-    from benchmarks.gpu_record import shipped_case
+    import benchmarks.gpu_record as gpu_record
+    from benchmarks.gpu_record import shipped_case, time_candidate
 
     outputs, logged = [], []
 
@@ -178,6 +180,12 @@ def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors():
         assert case.reference.abs().sum() > 0
         assert (case.bf16_us, case.shipped_us) == (10.0, 20.0)
         assert case.fp8_bytes == 20 * (2 * 8 * 128 + 2 * 8 * 4)
+        monkeypatch.setattr(gpu_record, "bench", lambda call: 5.0)
+        row = time_candidate({}, lambda: 2 * case.run(), case, log=logged.append)
+        assert row["rel_distance_from_chapter12"] == pytest.approx(1.0)
+        assert row["us"] == 5.0 and row["speedup_over_bf16"] == 2.0
+        failed = time_candidate({}, lambda: 1 / 0, case, log=logged.append)
+        assert failed["error"].startswith("ZeroDivisionError") and "us" not in failed
         held, reference = case, case.reference
     assert len(outputs) == 2 and torch.equal(outputs[1].float(), reference)
     assert vars(held) == {} and "B=1 L=20 Hq=8" in logged[0]
