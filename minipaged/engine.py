@@ -2,7 +2,7 @@
 # Change the chapter, then run `make export`.
 
 # %% chapters/11_engine.md:203
-"""The serving engine: vLLM's offline ``LLM`` API on chapters 4-10's pieces."""
+"""The serving engine: vLLM's offline API on chapters 4-10's pieces, assembled from parts."""
 
 from __future__ import annotations
 
@@ -10,31 +10,33 @@ import itertools
 import math
 import operator
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
-from minipaged.block_table import blocks_needed
-from minipaged.kv_cache import PagedKVCache
+from minipaged.model_runner import ModelRunner
 from minipaged.prefix_cache import PrefixCachingBlockManager
-from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
+from minipaged.qwen3 import Qwen3PagedModel
 from minipaged.runtime import default_device
-from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
-                                 ScheduledChunk, SchedulerConfig, SchedulerOutput,
-                                 Sequence, SequenceStatus)
+from minipaged.sampler import Sampler
+from minipaged.scheduler import (PromptTooLongError, SamplingParams, ScheduledChunk,
+                                 Scheduler, SchedulerConfig, SchedulerOutput, Sequence)
 from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
-    "make_generator",
-    "sample",
     "CompletionOutput",
     "RequestOutput",
     "BeamSearchOutput",
     "RunStats",
-    "DecodeGraphs",
     "EngineError",
     "InvalidRequestError",
-    "LLM",
+    "CacheFormat",
+    "MODEL_DTYPE_CACHE",
+    "StepLoop",
+    "EngineParts",
+    "LLMEngine",
 ]
 
 
@@ -47,60 +49,7 @@ class InvalidRequestError(ValueError):
     token, a sampling setting out of range); nothing of it was queued."""
 
 
-# %% chapters/11_engine.md:269
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A private random stream for one sequence (``None``: share the global one)."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
-    """Pick one token per row of ``logits [B, V]`` under each row's ``SamplingParams``.
-
-    Greedy rows take the argmax. Other rows divide by their temperature, keep their
-    top-k and their top-p nucleus, and draw with the exponential race: ``argmax(p / E)``
-    with ``E ~ Exp(1)`` is a draw from ``p``, and each seeded row draws its ``E`` from
-    its own generator, so its tokens do not depend on what else is in the batch. One
-    sort serves top-k and top-p for the whole batch.
-    """
-    rows, vocab = logits.shape
-    if len(params) != rows:
-        raise ValueError(f"{rows} rows of logits but {len(params)} SamplingParams")
-    greedy_tokens = logits.argmax(dim=-1)
-    if all(p.greedy for p in params):
-        return greedy_tokens
-    device = logits.device
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
-                               device=device, dtype=torch.float32)
-    scaled = logits.float() / temperature[:, None]
-    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    top_p = [p.top_p for p in params]
-    if min(top_k) < vocab or min(top_p) < 1.0:
-        ordered, order = scaled.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=device)[None, :]
-        drop = ranks >= torch.tensor(top_k, device=device)[:, None]
-        ordered = ordered.masked_fill(drop, float("-inf"))
-        probs = ordered.softmax(dim=-1)
-        # keep a token while the mass ranked before it is below top_p
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, device=device)[:, None]
-        drop[:, 0] = False
-        scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
-    probs = scaled.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_()
-    for row, generator in enumerate(generators or ()):
-        if generator is not None:
-            race[row].exponential_(generator=generator)
-    drawn = (probs / race).argmax(dim=-1)
-    is_greedy = torch.tensor([p.greedy for p in params], device=device)
-    return torch.where(is_greedy, greedy_tokens, drawn)
-
-
-# %% chapters/11_engine.md:363
+# %% chapters/11_engine.md:400
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -147,7 +96,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1077
+    # %% chapters/11_engine.md:1237
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -161,7 +110,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:421
+# %% chapters/11_engine.md:458
 @dataclass
 class _Request:
     request_id: int
@@ -203,70 +152,99 @@ def _eos_id(config, tokenizer) -> int | None:
     return eos[0] if isinstance(eos, (list, tuple)) else eos
 
 
-def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
-                  num_cpu_blocks: int):
-    """Chapter 6's manager: sharing, copy-on-write, a CPU pool, prefix caching."""
-    return PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks,
-                                     enable_prefix_caching=prefix_caching)
+class CacheFormat(NamedTuple):
+    """How an engine stores K/V: ``new_cache(model, num_blocks, block_size)`` builds the
+    pool, ``block_bytes(model, block_size)`` is what one block costs (for sizing)."""
+
+    new_cache: Callable
+    block_bytes: Callable
 
 
-# %% chapters/11_engine.md:476
-class LLM:
-    """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
+def _new_model_dtype_cache(model, num_blocks: int, block_size: int):
+    return model.new_cache(num_blocks, block_size)
+
+
+def _model_dtype_block_bytes(model, block_size: int) -> int:
+    c = model.config
+    per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
+                                   c.head_dim, model.dtype.itemsize)
+    return block_bytes(per_token, block_size)
+
+
+MODEL_DTYPE_CACHE = CacheFormat(_new_model_dtype_cache, _model_dtype_block_bytes)
+"""``kv_cache_dtype="auto"``: chapter 7's ``PagedKVCache`` in the model's dtype."""
+
+
+# %% chapters/11_engine.md:529
+class LLMEngine:
+    """Offline batched generation on a paged KV cache, with vLLM's API: ``generate``
+    for a batch of prompts, and ``add_request`` / ``step`` / ``abort_request`` for a
+    loop that serves requests as they come.
 
     ``model`` is a transformers ``Qwen3ForCausalLM`` (its weights are shared, not
     copied), a ``Qwen3PagedModel``, or a hub id / local path (needs the network or a
-    local copy). ``num_blocks=None`` sizes the cache from free GPU memory
+    local copy). ``parts`` are the pieces the engine is assembled from
+    (``EngineParts()``: this chapter's); ``kv_cache_dtype`` names one of its cache
+    formats. ``num_blocks=None`` sizes the cache from free GPU memory
     (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
     default on CPU.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
 
-    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
-                 max_num_seqs: int = 256, enable_prefix_caching: bool = True,
-                 device: torch.device | str | None = None, tokenizer=None,
-                 max_model_len: int | None = None, max_num_batched_tokens: int = 8192,
-                 gpu_memory_utilization: float = 0.9, policy: str = "decode_first",
-                 preemption_mode: str = "recompute", num_cpu_blocks: int | None = None,
-                 enable_chunked_prefill: bool = False,
-                 enable_cuda_graphs: bool | None = None,
+    def __init__(self, model, *, parts: EngineParts | None = None, tokenizer=None,
+                 device: torch.device | str | None = None, block_size: int = 16,
+                 num_blocks: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = False,
+                 kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
+                 policy: str = "decode_first", preemption_mode: str = "recompute",
+                 num_cpu_blocks: int | None = None, enable_cuda_graphs: bool | None = None,
                  check_invariants: bool = False) -> None:
-        self.model, self.tokenizer = self._load(model, tokenizer, device)
+        parts = parts or EngineParts()
+        if kv_cache_dtype not in parts.cache_formats:
+            raise ValueError(f"kv_cache_dtype must be one of {sorted(parts.cache_formats)}, "
+                             + f"got {kv_cache_dtype!r}")
+        cache_format = parts.cache_formats[kv_cache_dtype]
+        model, self.tokenizer = _load_model(model, tokenizer, device)
+        self.model = parts.prepare_model(model)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         if num_blocks is None:
-            num_blocks = self._auto_num_blocks(block_size, gpu_memory_utilization,
-                                               max_num_batched_tokens)
-        self.cache = self._new_cache(num_blocks, block_size)
+            num_blocks = self._auto_num_blocks(cache_format.block_bytes(self.model, block_size),
+                                               gpu_memory_utilization, max_num_batched_tokens)
+        self.cache = cache_format.new_cache(self.model, num_blocks, block_size)
         if preemption_mode == "swap" and num_cpu_blocks is None:
             num_cpu_blocks = num_blocks
-        self.cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None
-        self.manager = _make_manager(num_blocks, block_size, enable_prefix_caching,
-                                     num_cpu_blocks or 0)
-        self.scheduler = Scheduler(self.manager, SchedulerConfig(
+        cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None
+        # chapter 6's manager: sharing, copy-on-write, a CPU pool, prefix caching
+        self.manager = PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks or 0,
+                                                 enable_prefix_caching=enable_prefix_caching)
+        self.scheduler = parts.scheduler(self.manager, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=self.max_model_len, policy=policy,
             preemption_mode=preemption_mode,
             enable_chunked_prefill=enable_chunked_prefill))
-        self.check_invariants = check_invariants
-        on_gpu = self.model.device.type == "cuda"
-        self.enable_cuda_graphs = (on_gpu if enable_cuda_graphs is None
-                                   else enable_cuda_graphs and on_gpu)
-        self._graphs = None  # DecodeGraphs, captured on the first decode step
-        self.eos_token_id = _eos_id(config, self.tokenizer)
         self.stats = RunStats()
-        self._requests: dict[int, _Request] = {}
-        self._generators: dict[int, torch.Generator | None] = {}
+        on_gpu = self.model.device.type == "cuda"
+        self.runner = ModelRunner(
+            self.model, self.cache, cpu_cache, parts.sampler(self.model.device), self.stats,
+            max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+            enable_cuda_graphs=on_gpu if enable_cuda_graphs is None
+            else enable_cuda_graphs and on_gpu,
+            single_forward=parts.single_forward)
+        self.loop = parts.step_loop(self)
+        self.check_invariants = check_invariants
+        self.eos_token_id = _eos_id(config, self.tokenizer)
+        self.requests: dict[int, _Request] = {}
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:536
-    def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
+    # %% chapters/11_engine.md:603
+    def _auto_num_blocks(self, per_block: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
             return self.CPU_DEFAULT_BLOCKS
-        per_block = self._block_bytes(block_size)
         free, total = torch.cuda.mem_get_info(device)
         # memory PyTorch caches but no tensor uses (a previous engine's cache) is free too
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -296,37 +274,17 @@ class LLM:
         self.scheduler.check_prompt(len(ids))
         request_id = next(self._request_ids)
         seq = self._new_sequence(request_id, ids, params, 0)
-        self._requests[request_id] = _Request(request_id, text, ids, params, [seq])
+        self.requests[request_id] = _Request(request_id, text, ids, params, [seq])
         self.scheduler.add(seq)
         self.stats.prompt_tokens += len(ids)
         return request_id
 
 
     def has_unfinished_requests(self) -> bool:
-        """Whether any added request is still waiting, running or swapped out."""
-        return self.scheduler.has_unfinished()
+        """Whether any added request is still waiting, running, swapped out or in flight."""
+        return self.loop.in_flight() or self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:592
-    def _load(self, model, tokenizer, device):
-        """The paged model and the tokenizer this engine serves (a subclass may swap in
-        a faster model)."""
-        return _load_model(model, tokenizer, device)
-
-
-    def _new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty paged cache of ``num_blocks`` blocks for the served model (a subclass
-        may store its blocks differently)."""
-        return self.model.new_cache(num_blocks, block_size)
-
-
-    def _block_bytes(self, block_size: int) -> int:
-        """Bytes one block of ``_new_cache`` takes, all layers, keys and values."""
-        c = self.model.config
-        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
-                                       c.head_dim, self.model.dtype.itemsize)
-        return block_bytes(per_token, block_size)
-
-    # %% chapters/11_engine.md:618
+    # %% chapters/11_engine.md:659
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -369,140 +327,35 @@ class LLM:
     def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
                       index: int) -> Sequence:
         seq = Sequence(next(self._seq_ids), request_id, ids, params, sample_index=index)
-        seed = None if params.seed is None else params.seed + index
-        self._generators[seq.seq_id] = make_generator(seed, self.model.device)
+        self.runner.sampler.add(seq)
         return seq
 
-    # %% chapters/11_engine.md:680
+    # %% chapters/11_engine.md:768
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once (twice when prefills and decodes mix), sample,
-        commit.
-
-        Returns the requests that finished in this step (and forgets them).
-        """
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        if out.is_empty:
-            if self.scheduler.has_unfinished():
-                raise EngineError("the scheduler found nothing to run although requests "
-                                  + "are waiting: the cache is too small for any of them")
-            return []
-        picks = self._execute(out, self._sample)
-        t2 = time.perf_counter()
-        sampled, forks = {}, []
-        for (seq, child), token in picks:
-            if child is None:
-                sampled[seq.seq_id] = token
-            else:
-                forks.append((seq, child, token))
-        for parent, child, _ in forks:
-            self._requests[parent.request_id].seqs.append(child)
-        done = self.scheduler.commit(out, sampled, self.eos_token_id, forks)
-        self._account(out, done, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        """One step of the engine's loop. Returns the requests that finished in it (and
+        forgets them)."""
+        finished = self.loop.step()
         if self.check_invariants:
             self.scheduler.check_invariants()
-        finished = []
-        for request_id in dict.fromkeys(s.request_id for s in done):
-            if self._requests[request_id].finished:
-                finished.append(self._output(self._requests.pop(request_id)))
         return finished
 
-    # %% chapters/11_engine.md:722
-    def _execute(self, out: SchedulerOutput, read):
-        """Run a scheduled step (block moves, forward); return ``read(logits, samplers)``.
+
+    def run(self, out: SchedulerOutput, read):
+        """Run a scheduled step on the model runner; return ``read(logits, rows)``.
 
         If anything fails the step never happened: the scheduler takes its blocks back and
         the exception propagates.
         """
         try:
-            self._move_blocks(out)
-            logits, samplers = self._forward(out)
-            return read(logits, samplers)
+            return self.runner.execute(out, read, self.children_for)
         except BaseException:
             self.scheduler.abort_step(out)
             raise
 
-
-    def _move_blocks(self, out: SchedulerOutput) -> None:
-        if out.swap_out:
-            self.cache.swap_out(self.cpu_cache, out.swap_out)
-        if out.swap_in:
-            self.cache.swap_in(self.cpu_cache, out.swap_in)
-        if out.reservation.copies:
-            self.cache.copy_blocks(out.reservation.copies)
-
-    # %% chapters/11_engine.md:761
-    def _forward(self, out: SchedulerOutput):
-        """Run the step's chunks: decodes in one batch, prefills in another.
-
-        Returns logits [rows, vocab] to sample from and, per row, ``(sequence, fork_child)``
-        (the child is None except for the siblings of an ``n > 1`` request).
-        """
-        res, chunks = out.reservation, out.chunks
-        parts, pick, samplers = [], [], []
-        for group in self._groups(chunks):
-            rows = None if len(group) == len(chunks) else group
-            row = sum(len(p) for p in parts)  # this group's first row in the step's logits
-            parts.append(self._run_group([chunks[i] for i in group], res, rows))
-            for i in group:
-                if not chunks[i].samples:
-                    continue
-                seq = chunks[i].seq
-                pick.append(row)
-                samplers.append((seq, None))
-                if seq.params.n > 1:
-                    for child in self._children_for(seq):
-                        pick.append(row)
-                        samplers.append((seq, child))
-                row += 1
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if len(pick) != len(logits) or pick != list(range(len(pick))):
-            logits = logits[torch.tensor(pick, device=logits.device)]
-        return logits, samplers
-
-    # %% chapters/11_engine.md:797
-    def _groups(self, chunks) -> list[list[int]]:
-        """The step's chunks (indices) in forward groups: one-token decodes, then prefills."""
-        decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-        prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
-        return [group for group in (decode, prefill) if group]
-
-    # %% chapters/11_engine.md:813
-    def _run_group(self, chunks, res, rows) -> torch.Tensor:
-        """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
-        ids = torch.tensor([t for c in chunks
-                            for t in c.seq.token_ids(c.start, c.start + c.num_tokens)],
-                           dtype=torch.long)
-        ends = itertools.accumulate(c.num_tokens for c in chunks)
-        logits_indices = torch.tensor([e - 1 for c, e in zip(chunks, ends) if c.samples],
-                                      dtype=torch.long)
-        return self._run_batch(ForwardBatch.from_reservation(res, ids, rows, logits_indices))
-
-
-    def _run_batch(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits of one batch: a decode batch replayed as a CUDA graph when one fits."""
-        if batch.is_decode:
-            self.stats.kv_tokens_read += int(batch.seq_lens.sum())
-            graphs = self._decode_graphs() if self.enable_cuda_graphs else None
-            if graphs is not None and graphs.fits(batch):
-                self.stats.graph_steps += 1
-                return graphs.run(batch)
-        return self.model(batch.to(self.model.device), self.cache)
-
-    # %% chapters/11_engine.md:844
-    def _sample(self, logits, samplers) -> list:
-        """One token per row: ``[((sequence, fork_child), token), ...]``."""
-        if not samplers:
-            return []
-        seqs = [child or seq for seq, child in samplers]
-        tokens = sample(logits, [s.params for s in seqs],
-                        [self._generators[s.seq_id] for s in seqs])
-        return list(zip(samplers, tokens.tolist()))
-
-
-    def _account(self, out: SchedulerOutput, done: list[Sequence], num_sampled: int,
-                 schedule_s: float, forward_s: float) -> None:
+    # %% chapters/11_engine.md:973
+    def account(self, out: SchedulerOutput, num_sampled: int, schedule_s: float,
+                forward_s: float) -> None:
+        """Add a step to the run's counters."""
         stats = self.stats
         stats.steps += 1
         stats.schedule_seconds += schedule_s
@@ -512,21 +365,28 @@ class LLM:
         stats.output_tokens += num_sampled
         stats.cached_prompt_tokens += sum(s.num_cached_prompt_tokens for s in out.admitted
                                           if s.num_preemptions == 0)
-        self._account_finished(done)
 
 
-    def _account_finished(self, done: list[Sequence]) -> None:
-        """Each finished sequence's TTFT and TPOT; its generator is dropped."""
-        stats = self.stats
+    def finish(self, done: list[Sequence], complete=None) -> list[RequestOutput]:
+        """Account the finished sequences ``done`` (TTFT, TPOT; their random streams go)
+        and return the outputs of the requests now finished, forgetting them.
+        ``complete(request)`` may hold one back (chapter 13: a token still on the GPU)."""
+        stats, outputs = self.stats, []
         for seq in done:
-            self._generators.pop(seq.seq_id, None)
+            self.runner.sampler.drop(seq.seq_id)
             if seq.first_token_time is not None:
                 stats.ttft.append(seq.first_token_time - seq.arrival_time)
                 if len(seq.output_token_ids) > 1:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
+        for request_id in dict.fromkeys(s.request_id for s in done):
+            request = self.requests.get(request_id)
+            if request is not None and request.finished and (complete is None
+                                                              or complete(request)):
+                outputs.append(self._output(self.requests.pop(request_id)))
+        return outputs
 
-    # %% chapters/11_engine.md:893
+    # %% chapters/11_engine.md:1053
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -542,7 +402,7 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} "
                              + "SamplingParams")
-        self.stats = RunStats()
+        self.stats = self.runner.stats = RunStats()
         ids, results = [], {}
         bar = None
         try:
@@ -584,29 +444,33 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1096
+    # %% chapters/11_engine.md:1256
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1161
-    def _children_for(self, seq: Sequence) -> list[Sequence]:
+    # %% chapters/11_engine.md:1321
+    def children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
-        request = self._requests[seq.request_id]
+        request = self.requests[seq.request_id]
         if seq.sample_index != 0 or seq.output_token_ids or len(request.seqs) > 1:
             return []
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1200
+    # %% chapters/11_engine.md:1360
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
-        request = self._requests.pop(request_id, None)
+        self.loop.settle()  # its tokens in flight first: its output holds no placeholder
+        for i, output in enumerate(self.loop.ready):
+            if output.request_id == request_id:  # it finished before the cancellation
+                return self.loop.ready.pop(i)
+        request = self.requests.pop(request_id, None)
         if request is None:
             raise KeyError(f"unknown or already finished request {request_id}")
         request.aborted = True
         for seq in request.seqs:
-            self._generators.pop(seq.seq_id, None)
+            self.runner.sampler.drop(seq.seq_id)
             if not seq.status.finished:
                 self.scheduler.abort(seq.seq_id)
         return self._output(request)
@@ -615,7 +479,7 @@ class LLM:
     def _abort_all(self, request_ids: list[int]) -> None:
         """Abort those of ``request_ids`` still in flight (after a failed ``generate``)."""
         for request_id in request_ids:
-            if request_id in self._requests:
+            if request_id in self.requests:
                 self.abort_request(request_id)
 
 
@@ -628,7 +492,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1361
+    # %% chapters/11_engine.md:1525
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -663,7 +527,7 @@ class LLM:
             for step in range(max_tokens):
                 out = self._beam_step(beams, len(prompt) - start if step == 0 else 1)
                 copies += len(out.reservation.copies)
-                logprobs = self._execute(out, self._log_probs)
+                logprobs = self.run(out, self._log_probs)
                 manager.commit_step(out.reservation)
                 scores = torch.tensor([b[1] for b in beams], device=logprobs.device)
                 top = (scores[:, None] + logprobs).flatten().topk(
@@ -680,7 +544,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1422
+    # %% chapters/11_engine.md:1586
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -713,17 +577,82 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1593
-    def _decode_graphs(self) -> DecodeGraphs | None:
-        """The captured decode graphs (captured on first use), or None when they are off."""
-        if self._graphs is None and self.enable_cuda_graphs:
-            max_blocks = blocks_needed(self.max_model_len, self.cache.block_size)
-            self._graphs = DecodeGraphs(self.model, self.cache,
-                                        self.scheduler.config.max_num_seqs, max_blocks)
-        return self._graphs
+
+# %% chapters/11_engine.md:720
+class StepLoop:
+    """How the engine steps: schedule, run the model, sample, commit, one step after
+    the other. ``ready`` holds outputs that finished outside ``step`` (none here;
+    chapter 13's overlapped loop has some)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.ready: list[RequestOutput] = []
+
+    def in_flight(self) -> bool:
+        """Whether work is under way that the scheduler's queues do not show."""
+        return bool(self.ready)
+
+    def settle(self) -> None:
+        """Complete the work in flight, so that the engine is synchronous (no-op here)."""
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once (twice when prefills and decodes mix), sample,
+        commit. Returns the requests that finished in this step."""
+        engine = self.engine
+        t0 = time.perf_counter()
+        out = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        if out.is_empty:
+            if engine.scheduler.has_unfinished():
+                raise EngineError("the scheduler found nothing to run although requests "
+                                  + "are waiting: the cache is too small for any of them")
+            return []
+        picks = engine.run(out, engine.runner.sample)
+        t2 = time.perf_counter()
+        sampled, forks = {}, []
+        for (seq, child), token in picks:
+            if child is None:
+                sampled[seq.seq_id] = token
+            else:
+                forks.append((seq, child, token))
+        for parent, child, _ in forks:
+            engine.requests[parent.request_id].seqs.append(child)
+        done = engine.scheduler.commit(out, sampled, engine.eos_token_id, forks)
+        engine.account(out, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        return engine.finish(done)
 
 
-# %% chapters/11_engine.md:1346
+# %% chapters/11_engine.md:1014
+def _never(model, cache) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """The parts an engine is assembled from. This chapter gives every default; later
+    chapters contribute better ones (chapter 12 a cache format, chapter 13 a fused
+    model, a one-kernel sampler, a scheduler and step loop that overlap host and GPU).
+
+    ``cache_formats``: ``kv_cache_dtype`` name -> ``CacheFormat``. ``prepare_model``:
+    the paged model -> the model the engine runs. ``sampler(device)``, ``scheduler(manager,
+    config)`` and ``step_loop(engine)`` build those parts. ``single_forward(model, cache)``:
+    whether a step's prefills and decodes may share one forward.
+    """
+
+    cache_formats: Mapping[str, CacheFormat] = field(
+        default_factory=lambda: {"auto": MODEL_DTYPE_CACHE})
+    prepare_model: Callable = lambda model: model
+    sampler: Callable[..., Sampler] = Sampler
+    scheduler: Callable[..., Scheduler] = Scheduler
+    step_loop: Callable[..., StepLoop] = StepLoop
+    single_forward: Callable[..., bool] = _never
+
+    def with_cache_format(self, name: str, cache_format: CacheFormat) -> EngineParts:
+        """These parts with one more ``kv_cache_dtype``."""
+        return replace(self, cache_formats={**self.cache_formats, name: cache_format})
+
+
+# %% chapters/11_engine.md:1510
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -734,78 +663,3 @@ class BeamSearchOutput:
     sequences: list[list[int]]
     cumulative_logprobs: list[float]
     num_cow_copies: int
-
-
-# %% chapters/11_engine.md:1504
-class DecodeGraphs:
-    """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
-
-    A decode step of a small model is well over a thousand short kernels; launching them
-    one by one from Python takes longer than running them. Capture records the launches
-    once into a graph per bucket (1, 2, 4, ... up to ``max_batch``) over static input
-    buffers; a step copies its inputs into the buffers, pads the batch to the next
-    bucket (padding rows write to slot -1, i.e. nowhere, and have length 0) and replays.
-    Block tables are ``max_blocks`` wide, so the same graph serves every context length.
-    """
-
-    def __init__(self, model: Qwen3PagedModel, cache, max_batch: int,
-                 max_blocks: int) -> None:
-        device = model.device
-        self.model, self.cache, self.max_blocks = model, cache, max_blocks
-        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-                        if b < max_batch]
-        self.buckets.append(max_batch)
-        n = max_batch
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32,
-                                        device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.rows = torch.arange(n, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        pool = None
-        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
-            batch = self._batch(b)
-            model(batch, cache)  # compile and warm up outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = model(batch, cache)
-            pool = graph.pool()
-            self.graphs[b] = graph
-
-    # %% chapters/11_engine.md:1550
-    def _batch(self, b: int) -> ForwardBatch:
-        return ForwardBatch(
-            input_ids=self.input_ids[:b], positions=self.positions[:b],
-            slot_mapping=self.slot_mapping[:b], query_lens=(1,) * b, context_lens=(1,) * b,
-            block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b],
-            logits_indices=self.rows[:b])
-
-
-    def fits(self, batch: ForwardBatch) -> bool:
-        """Whether a decode ``batch`` has a graph: few enough rows, tables narrow enough."""
-        return (len(batch.query_lens) <= self.buckets[-1]
-                and batch.block_tables.shape[1] <= self.max_blocks)
-
-
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits of one decode ``batch`` (host tensors, copied into the buffers), one row
-        per ``batch.logits_indices``."""
-        n = len(batch.input_ids)
-        b = next(b for b in self.buckets if b >= n)
-        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
-        self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[:n].copy_(batch.seq_lens, non_blocking=True)
-        self.seq_lens[n:b].zero_()
-        tables = batch.block_tables
-        self.block_tables[:n, :tables.shape[1]].copy_(tables, non_blocking=True)
-        self.graphs[b].replay()
-        logits = self.outputs[b][:n]
-        if len(batch.logits_indices) == n:  # every row samples (the usual decode step)
-            return logits
-        return logits[batch.logits_indices.to(logits.device)]

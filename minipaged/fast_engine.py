@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:307
+# %% chapters/13_fast_engine.md:306
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -9,7 +9,9 @@ in one, QK-norm and RoPE in one, SiLU times the up projection in one, one GEMM f
 q/k/v and one for gate/up, and prefill attention in one kernel that reads cached
 prefixes straight from the block pool. The KV cache is written through its own
 ``write`` and decode reads go through ``paged_decode``, so any cache with chapter 7's
-interface serves it. ``LLM`` is chapter 11's engine serving this model.
+interface serves it. The module also holds the engine parts this chapter contributes:
+the model part, a one-kernel sampler, and a scheduler and step loop that overlap the
+host's work with the GPU's.
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ from torch import nn
 from minipaged.decode_attention import (PagedAttentionError, _attend_group,
                                         _check_inputs, _check_tables, _fp32_precision,
                                         _launch_config, _num_sms, _output_for)
-from minipaged.engine import LLM as EngineLLM
-from minipaged.engine import sample
-from minipaged.fp8_kv_cache import LLM as QuantizedCacheLLM
+from minipaged.engine import StepLoop
 from minipaged.fp8_kv_cache import Fp8PagedKVCache
 from minipaged.kv_cache import PagedKVCache
 from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
                              Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
                              prefill_attention, rope_cos_sin)
+from minipaged.sampler import Sampler
 from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
 from minipaged.sizing import ceil_div
 
@@ -44,13 +45,14 @@ __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
     "silu_mul_reference", "silu_mul", "fuse_linears", "fused_weight_bytes",
     "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
-    "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model", "LLM",
-    "OverlapScheduler", "UNRESOLVED", "DecodeWork", "work_chunk", "plan_decode_work",
+    "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model",
+    "as_fast_model", "FusedSampler", "serves_mixed_batches", "OverlapScheduler",
+    "OverlapStepLoop", "UNRESOLVED", "DecodeWork", "work_chunk", "plan_decode_work",
     "balanced_paged_attention",
 ]
 
 
-# %% chapters/13_fast_engine.md:358
+# %% chapters/13_fast_engine.md:359
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
                            weight: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +67,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:381
+# %% chapters/13_fast_engine.md:382
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -109,7 +111,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:511
+# %% chapters/13_fast_engine.md:512
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -129,7 +131,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:540
+# %% chapters/13_fast_engine.md:541
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -172,7 +174,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:588
+# %% chapters/13_fast_engine.md:589
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -204,7 +206,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:677
+# %% chapters/13_fast_engine.md:678
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -240,7 +242,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:747
+# %% chapters/13_fast_engine.md:748
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -267,7 +269,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:835
+# %% chapters/13_fast_engine.md:836
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -299,7 +301,7 @@ class PrefillPlan:
         return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:888
+# %% chapters/13_fast_engine.md:889
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -356,7 +358,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:956
+# %% chapters/13_fast_engine.md:957
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -401,7 +403,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1107
+# %% chapters/13_fast_engine.md:1108
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -445,7 +447,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1159
+# %% chapters/13_fast_engine.md:1160
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -468,7 +470,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1189
+# %% chapters/13_fast_engine.md:1190
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -511,7 +513,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1310
+# %% chapters/13_fast_engine.md:1311
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -551,7 +553,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1358
+# %% chapters/13_fast_engine.md:1359
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -585,164 +587,32 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
 
 
 # %% chapters/13_fast_engine.md:1462
-class LLM(QuantizedCacheLLM):
-    """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
-    ``FastQwen3Model``: the book's fastest engine."""
+def as_fast_model(model: Qwen3PagedModel) -> FastQwen3Model:
+    """The engine's model part: chapter 9's paged model made fast (weights shared)."""
+    return model if isinstance(model, FastQwen3Model) else FastQwen3Model.from_paged(model)
 
-    def _load(self, model, tokenizer, device):
-        model, tokenizer = super()._load(model, tokenizer, device)
-        if not isinstance(model, FastQwen3Model):
-            model = FastQwen3Model.from_paged(model)
-        return model, tokenizer
 
-    def _sample(self, logits, samplers) -> list:
-        """One token per row: ``[((sequence, fork_child), token), ...]``."""
-        seqs = [child or seq for seq, child in samplers]
-        if not seqs:
-            return []
-        return list(zip(samplers, self._sample_tokens(logits, seqs).tolist()))
+class FusedSampler(Sampler):
+    """Chapter 11's sampling part with one kernel for the steps whose rows need
+    neither top-k nor top-p; those that do go through chapter 11's ``sample``."""
 
-    def _sample_tokens(self, logits, seqs) -> torch.Tensor:
-        """The rows' tokens, left on the logits' device: one kernel, unless a row needs
-        top-k or top-p (then chapter 11's sampler)."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
         if all(p.greedy for p in params) or not fused_sampling_applies(params,
                                                                         logits.shape[1]):
-            return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
+            return super().__call__(logits, seqs)
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1549
-    def _groups(self, chunks) -> list[list[int]]:
-        """All of the step's chunks in one forward when the paged prefill kernel serves
-        the prefills (a decode is a prefill of one token); else chapter 11's two groups."""
-        groups = super(LLM, self)._groups(chunks)
-        dtype = self.model.embed_tokens.weight.dtype
-        if (len(groups) > 1 and self.model.use_paged_prefill
-                and reads_pool_directly(self.cache, dtype)):
-            return [list(range(len(chunks)))]
-        return groups
 
-    # %% chapters/13_fast_engine.md:1748
-    def __init__(self, model, *, overlap_scheduling: bool = True,
-                 enable_chunked_prefill: bool = True, **kwargs) -> None:
-        """Chapter 12's engine, chunked prefill on by default; ``overlap_scheduling``
-        plans each plain decode step while the GPU runs the one before."""
-        super(LLM, self).__init__(model, enable_chunked_prefill=enable_chunked_prefill,
-                                  **kwargs)
-        self.scheduler = OverlapScheduler(self.manager, self.scheduler.config)
-        self.overlap_scheduling = overlap_scheduling
-        self.overlapped_steps = 0
-        self._in_flight: InFlightStep | None = None
-        self._ready: list = []  # outputs completed outside ``step``, returned by the next
+# %% chapters/13_fast_engine.md:1539
+def serves_mixed_batches(model: FastQwen3Model, cache: PagedKVCache) -> bool:
+    """Whether one forward may take a step's prefills and decodes together: when the
+    paged prefill kernel serves the prefills (a decode is a prefill of one token)."""
+    return model.use_paged_prefill and reads_pool_directly(cache,
+                                                           model.embed_tokens.weight.dtype)
 
 
-    def has_unfinished_requests(self) -> bool:
-        return (self._in_flight is not None or bool(self._ready)
-                or super(LLM, self).has_unfinished_requests())
-
-
-    def abort_request(self, request_id: int):
-        self._drain()  # the cancelled request's tokens first: its output holds no placeholder
-        for i, output in enumerate(self._ready):
-            if output.request_id == request_id:  # it finished before the cancellation
-                return self._ready.pop(i)
-        return super(LLM, self).abort_request(request_id)
-
-    # %% chapters/13_fast_engine.md:1785
-    def step(self) -> list:
-        """Chapter 11's step; a plain decode step is launched before the previous step's
-        tokens are read, and committed before its own are."""
-        if not (self.overlap_scheduling and self.scheduler.next_is_decode()):
-            self._drain()
-            finished, self._ready = self._ready + super(LLM, self).step(), []
-            return finished
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        launched = self._launch(out)
-        stopped = self._resolve(keep_running=True)  # step t's tokens, while t+1 runs
-        t2 = time.perf_counter()
-        done = self.scheduler.commit_unresolved(out, stopped)
-        self._finished([s for s in done if s.seq_id in stopped])  # the others hold a placeholder
-        launched.placeholders = [(c.seq, row) for row, c in enumerate(out.chunks)
-                                 if c.seq.seq_id not in stopped]
-        self._in_flight = launched
-        self.overlapped_steps += 1
-        self._account(out, [], len(launched.placeholders),
-                      t1 - t0 + time.perf_counter() - t2, t2 - t1)
-        if self.check_invariants:
-            self.scheduler.check_invariants()
-        finished, self._ready = self._ready, []
-        return finished
-
-
-    def _launch(self, out: SchedulerOutput) -> InFlightStep:
-        """Queue a decode step's forward and sampling; its tokens start for the host."""
-        seqs, previous = [c.seq for c in out.chunks], self._in_flight
-        try:
-            self._move_blocks(out)
-            logits = (self._forward(out)[0] if previous is None
-                      else self._decode_after(previous, out))
-            tokens = self._sample_tokens(logits, seqs)
-        except BaseException:
-            self.scheduler.abort_step(out)
-            raise
-        host, ready = tokens, None
-        if tokens.is_cuda:
-            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
-
-    # %% chapters/13_fast_engine.md:1841
-    def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
-        """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
-        tokens = previous.tokens
-        rows = torch.tensor([previous.rows[c.seq.seq_id] for c in out.chunks])
-        ids = tokens[to_device(rows, tokens.device)]
-        batch = ForwardBatch.from_reservation(out.reservation, ids, None,
-                                              torch.arange(len(out.chunks)))
-        if tokens.is_cuda:
-            for name in ("positions", "slot_mapping", "block_tables", "seq_lens"):
-                setattr(batch, name, getattr(batch, name).pin_memory())
-        return self._run_batch(batch)
-
-
-    def _resolve(self, keep_running: bool) -> dict:
-        """Wait for the in-flight step's tokens and put them in place. Returns the
-        sequences they stopped that are also in a launched step (see ``resolve``)."""
-        step, self._in_flight = self._in_flight, None
-        if step is None:
-            return {}
-        if step.ready is not None:
-            step.ready.synchronize()
-        tokens = step.host.tolist()
-        stopped, done = self.scheduler.resolve(
-            [seq for seq, _ in step.placeholders],
-            [tokens[row] for _, row in step.placeholders], self.eos_token_id, keep_running)
-        self._finished(done)
-        return stopped
-
-
-    def _drain(self) -> None:
-        """Read the tokens in flight, if any: the engine is synchronous again."""
-        self._resolve(keep_running=False)
-
-
-    def _finished(self, done: list[Sequence]) -> None:
-        """Account finished sequences that hold their true tokens; queue the output of each
-        request that is finished and holds no placeholder any more."""
-        self._account_finished(done)
-        for request_id in dict.fromkeys(s.request_id for s in done):
-            request = self._requests.get(request_id)
-            if request is not None and request.finished and not any(
-                    s.output_token_ids and s.output_token_ids[-1] == UNRESOLVED
-                    for s in request.seqs):
-                self._ready.append(self._output(self._requests.pop(request_id)))
-
-
-# %% chapters/13_fast_engine.md:1637
+# %% chapters/13_fast_engine.md:1625
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -787,7 +657,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1691
+    # %% chapters/13_fast_engine.md:1679
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -820,7 +690,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1731
+# %% chapters/13_fast_engine.md:1719
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -832,7 +702,101 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:2171
+# %% chapters/13_fast_engine.md:1736
+class OverlapStepLoop(StepLoop):
+    """Chapter 11's step loop, with each plain decode step launched before the
+    previous step's tokens reach the host, and committed before its own do. Needs
+    the ``OverlapScheduler``."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.overlapped_steps = 0
+        self.launched: InFlightStep | None = None
+
+    def in_flight(self) -> bool:
+        return self.launched is not None or bool(self.ready)
+
+    def settle(self) -> None:
+        """Read the tokens in flight, if any: the engine is synchronous again."""
+        self._resolve(keep_running=False)
+
+    # %% chapters/13_fast_engine.md:1762
+    def step(self) -> list:
+        """Chapter 11's step; a plain decode step is launched before the previous step's
+        tokens are read, and committed before its own are."""
+        engine = self.engine
+        if not engine.scheduler.next_is_decode():
+            self.settle()
+            finished, self.ready = self.ready + super().step(), []
+            return finished
+        t0 = time.perf_counter()
+        out = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        launched = self._launch(out)
+        stopped = self._resolve(keep_running=True)  # step t's tokens, while t+1 runs
+        t2 = time.perf_counter()
+        done = engine.scheduler.commit_unresolved(out, stopped)
+        self._finished([s for s in done if s.seq_id in stopped])  # the others hold a placeholder
+        launched.placeholders = [(c.seq, row) for row, c in enumerate(out.chunks)
+                                 if c.seq.seq_id not in stopped]
+        self.launched = launched
+        self.overlapped_steps += 1
+        engine.account(out, len(launched.placeholders), t1 - t0 + time.perf_counter() - t2,
+                       t2 - t1)
+        finished, self.ready = self.ready, []
+        return finished
+
+
+    def _launch(self, out: SchedulerOutput) -> InFlightStep:
+        """Queue a decode step's forward and sampling; its tokens start for the host."""
+        runner, previous = self.engine.runner, self.launched
+        seqs = [c.seq for c in out.chunks]
+        try:
+            runner.move_blocks(out)
+            if previous is None:
+                logits = runner.forward(out)[0]
+            else:  # the input ids are the previous step's tokens, still on the GPU
+                rows = torch.tensor([previous.rows[c.seq.seq_id] for c in out.chunks])
+                logits = runner.decode(out, previous.tokens[to_device(rows,
+                                                                      previous.tokens.device)])
+            tokens = runner.sampler(logits, seqs)
+        except BaseException:
+            self.engine.scheduler.abort_step(out)
+            raise
+        host, ready = tokens, None
+        if tokens.is_cuda:
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
+
+    # %% chapters/13_fast_engine.md:1822
+    def _resolve(self, keep_running: bool) -> dict:
+        """Wait for the in-flight step's tokens and put them in place. Returns the
+        sequences they stopped that are also in a launched step (see ``resolve``)."""
+        step, self.launched = self.launched, None
+        if step is None:
+            return {}
+        if step.ready is not None:
+            step.ready.synchronize()
+        tokens = step.host.tolist()
+        stopped, done = self.engine.scheduler.resolve(
+            [seq for seq, _ in step.placeholders],
+            [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
+            keep_running)
+        self._finished(done)
+        return stopped
+
+
+    def _finished(self, done: list[Sequence]) -> None:
+        """Account finished sequences that hold their true tokens; queue the output of each
+        request that is finished and holds no placeholder any more."""
+        self.ready += self.engine.finish(done, complete=lambda request: not any(
+            s.output_token_ids and s.output_token_ids[-1] == UNRESOLVED for s in request.seqs))
+
+
+# %% chapters/13_fast_engine.md:2272
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -862,7 +826,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2207
+# %% chapters/13_fast_engine.md:2308
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -895,7 +859,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2301
+# %% chapters/13_fast_engine.md:2402
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -926,7 +890,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2339
+# %% chapters/13_fast_engine.md:2440
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -958,7 +922,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2377
+# %% chapters/13_fast_engine.md:2478
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,

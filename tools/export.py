@@ -166,34 +166,50 @@ def _cell_lines(chapter: Path, sources: list[str]) -> list[int]:
     return found
 
 
-def export_module(chapter: Path, notebook) -> tuple[str, str] | None:
-    """(module name, module source) for a chapter, or None if it exports nothing."""
-    module = (notebook.metadata.get("minipaged") or {}).get("module")
+MODULE_TAG = "module="
+
+
+def cell_module(tags: list[str], default: str | None) -> str | None:
+    """The module a cell exports to: its ``module=NAME`` tag, else the chapter's module."""
+    named = [t[len(MODULE_TAG):] for t in tags if t.startswith(MODULE_TAG)]
+    return named[0] if named else default
+
+
+def export_modules(chapter: Path, notebook) -> list[tuple[str, str]]:
+    """(module name, module source) for each module a chapter exports to, in first-use order.
+
+    A chapter's cells go to the module its front matter names; a cell tagged ``module=NAME``
+    goes to ``minipaged/NAME.py`` instead (a chapter may own several modules).
+    """
+    default = (notebook.metadata.get("minipaged") or {}).get("module")
     cells = [
-        c.source.strip("\n")
+        (c.source.strip("\n"), cell_module(c.metadata.get("tags", []), default))
         for c in notebook.cells
         if c.cell_type == "code" and EXPORT_TAG in c.metadata.get("tags", [])
     ]
     if not cells:
-        return None
-    if not module:
+        return []
+    if any(module is None for _, module in cells):
         raise SystemExit(
             f"{chapter.name}: has cells tagged '{EXPORT_TAG}' but its front matter does not name a "
             "module (add `minipaged: {module: NAME}`)"
         )
     rel = chapter.relative_to(ROOT).as_posix()
-    blocks: list[str] = []
-    for source, line in zip(cells, _cell_lines(chapter, cells)):
+    blocks: dict[str, list[str]] = {}
+    sources = [source for source, _ in cells]
+    for (source, module), line in zip(cells, _cell_lines(chapter, sources)):
         marker = f"# %% {rel}:{line}"
+        module_blocks = blocks.setdefault(module, [])
         try:
             target = extended_class(source)
             if target is None:
-                blocks.append(f"{marker}\n{source}")
+                module_blocks.append(f"{marker}\n{source}")
             else:
-                _add_to_class(blocks, target, marker, source)
+                _add_to_class(module_blocks, target, marker, source)
         except (SyntaxError, ValueError) as error:
             raise SystemExit(f"{rel}:{line}: {error}") from None
-    return module, header(chapter) + "\n" + "\n\n\n".join(blocks) + "\n"
+    return [(module, header(chapter) + "\n" + "\n\n\n".join(module_blocks) + "\n")
+            for module, module_blocks in blocks.items()]
 
 
 def colab_twin(notebook, url: str, branch: str) -> str:
@@ -302,9 +318,7 @@ def expected_files() -> dict[Path, str]:
     owners: dict[str, Path] = {}
     for chapter in chapter_files():
         notebook = jupytext.read(chapter)
-        exported = export_module(chapter, notebook)
-        if exported:
-            module, source = exported
+        for module, source in export_modules(chapter, notebook):
             if module in owners:
                 raise SystemExit(
                     f"{chapter.name} and {owners[module].name} both export to minipaged/{module}.py: "

@@ -1,0 +1,131 @@
+# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/13_fast_engine.md:1863
+"""``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
+
+The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter
+12's FP8 cache format beside chapter 7's, and chapter 13's fused model, one-kernel
+sampler, overlap scheduler and overlapped step loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from minipaged.engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, EngineParts, LLMEngine,
+                              RequestOutput, StepLoop)
+from minipaged.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
+                                   as_fast_model, serves_mixed_batches)
+from minipaged.fp8_kv_cache import FP8_CACHE
+from minipaged.scheduler import SamplingParams
+
+__all__ = ["FAST_PARTS", "LLM"]
+
+FAST_PARTS = EngineParts(
+    cache_formats={"auto": MODEL_DTYPE_CACHE, "fp8": FP8_CACHE},
+    prepare_model=as_fast_model, sampler=FusedSampler, scheduler=OverlapScheduler,
+    step_loop=OverlapStepLoop, single_forward=serves_mixed_batches)
+"""The best part of every kind the book builds."""
+
+
+class LLM:
+    """Offline generation on a paged KV cache, with vLLM's ``LLM`` API.
+
+    ``model``: a transformers ``Qwen3ForCausalLM`` (weights shared, not copied), a
+    ``Qwen3PagedModel``, or a hub id / local path. ``kv_cache_dtype``: ``"auto"`` (the
+    model's dtype) or ``"fp8"`` (e4m3 with per-slot scales, chapter 12).
+    ``overlap_scheduling``: plan each plain decode step while the GPU runs the previous
+    one (chapter 13). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
+    of the GPU's memory (a small default on CPU). The other options are vLLM's, with
+    its meaning; ``check_invariants`` checks the block manager after every step.
+    ``llm_engine`` is the ``LLMEngine`` underneath, for a loop of ``add_request`` and
+    ``step``.
+    """
+
+    def __init__(self, model, *, tokenizer=None, device: torch.device | str | None = None,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, kv_cache_dtype: str = "auto",
+                 overlap_scheduling: bool = True, gpu_memory_utilization: float = 0.9,
+                 policy: str = "decode_first", preemption_mode: str = "recompute",
+                 num_cpu_blocks: int | None = None, enable_cuda_graphs: bool | None = None,
+                 check_invariants: bool = False) -> None:
+        parts = FAST_PARTS if overlap_scheduling else replace(FAST_PARTS, step_loop=StepLoop)
+        self.llm_engine = LLMEngine(
+            model, parts=parts, tokenizer=tokenizer, device=device, block_size=block_size,
+            num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=enable_chunked_prefill, kv_cache_dtype=kv_cache_dtype,
+            gpu_memory_utilization=gpu_memory_utilization, policy=policy,
+            preemption_mode=preemption_mode, num_cpu_blocks=num_cpu_blocks,
+            enable_cuda_graphs=enable_cuda_graphs, check_invariants=check_invariants)
+
+    def generate(self, prompts,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One ``RequestOutput`` per prompt (token ids, or text with a tokenizer), in
+        prompt order; a prompt that can never be served comes back with ``error`` set."""
+        return self.llm_engine.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(self, prompts, beam_width: int,
+                    max_tokens: int) -> list[BeamSearchOutput]:
+        """The ``beam_width`` best continuations of each prompt (an idle engine only)."""
+        return self.llm_engine.beam_search(prompts, beam_width, max_tokens)
+
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue one prompt; returns its request id (nothing is queued on an error)."""
+        return self.llm_engine.add_request(prompt, params)
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the requests that finished in it."""
+        return self.llm_engine.step()
+
+    def abort_request(self, request_id: int) -> RequestOutput:
+        """Cancel a request now (its blocks are freed); its output so far."""
+        return self.llm_engine.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any added request is still waiting, running or in flight."""
+        return self.llm_engine.has_unfinished_requests()
+
+    def last_run_stats(self) -> dict:
+        """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
+        return self.llm_engine.last_run_stats()
+
+    @property
+    def model(self):
+        """The model the engine runs (chapter 13's ``FastQwen3Model``)."""
+        return self.llm_engine.model
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    @property
+    def cache(self):
+        """The paged KV cache (``PagedKVCache`` or ``Fp8PagedKVCache``)."""
+        return self.llm_engine.cache
+
+    @property
+    def manager(self):
+        """The block manager (chapter 6's, with sharing and prefix caching)."""
+        return self.llm_engine.manager
+
+    @property
+    def scheduler(self):
+        return self.llm_engine.scheduler
+
+    @property
+    def stats(self):
+        """The counters of the current ``generate`` call (a ``RunStats``)."""
+        return self.llm_engine.stats
+
+    @property
+    def overlapped_steps(self) -> int:
+        """Steps that were launched before the previous step's tokens were read."""
+        return getattr(self.llm_engine.loop, "overlapped_steps", 0)
