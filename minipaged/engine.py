@@ -1,7 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:203
+# %% chapters/11_engine.md § The exported engine
 """The serving engine: vLLM's offline ``LLM`` API on chapters 4-10's pieces."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class InvalidRequestError(ValueError):
     token, a sampling setting out of range); nothing of it was queued."""
 
 
-# %% chapters/11_engine.md:269
+# %% chapters/11_engine.md § Sampling
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -100,7 +100,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md:363
+# %% chapters/11_engine.md § What generate returns
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -147,7 +147,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1077
+    # %% chapters/11_engine.md § Metrics
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -161,7 +161,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:421
+# %% chapters/11_engine.md § The LLM class
 @dataclass
 class _Request:
     request_id: int
@@ -210,7 +210,7 @@ def _make_manager(num_blocks: int, block_size: int, prefix_caching: bool,
                                      enable_prefix_caching=prefix_caching)
 
 
-# %% chapters/11_engine.md:476
+# %% chapters/11_engine.md § The LLM class
 class LLM:
     """Offline batched generation on a paged KV cache, shaped like vLLM's ``LLM``.
 
@@ -261,7 +261,7 @@ class LLM:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:536
+    # %% chapters/11_engine.md § The LLM class
     def _auto_num_blocks(self, block_size: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
@@ -306,7 +306,7 @@ class LLM:
         """Whether any added request is still waiting, running or swapped out."""
         return self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:592
+    # %% chapters/11_engine.md § The LLM class
     def _load(self, model, tokenizer, device):
         """The paged model and the tokenizer this engine serves (a subclass may swap in
         a faster model)."""
@@ -326,7 +326,7 @@ class LLM:
                                        c.head_dim, self.model.dtype.itemsize)
         return block_bytes(per_token, block_size)
 
-    # %% chapters/11_engine.md:618
+    # %% chapters/11_engine.md § The LLM class
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -373,7 +373,7 @@ class LLM:
         self._generators[seq.seq_id] = make_generator(seed, self.model.device)
         return seq
 
-    # %% chapters/11_engine.md:680
+    # %% chapters/11_engine.md § One step
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once (twice when prefills and decodes mix), sample,
         commit.
@@ -408,7 +408,7 @@ class LLM:
                 finished.append(self._output(self._requests.pop(request_id)))
         return finished
 
-    # %% chapters/11_engine.md:722
+    # %% chapters/11_engine.md § One step
     def _execute(self, out: SchedulerOutput, read):
         """Run a scheduled step (block moves, forward); return ``read(logits, samplers)``.
 
@@ -432,7 +432,7 @@ class LLM:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:761
+    # %% chapters/11_engine.md § Two batches per step
     def _forward(self, out: SchedulerOutput):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -461,14 +461,14 @@ class LLM:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, samplers
 
-    # %% chapters/11_engine.md:797
+    # %% chapters/11_engine.md § Two batches per step
     def _groups(self, chunks) -> list[list[int]]:
         """The step's chunks (indices) in forward groups: one-token decodes, then prefills."""
         decode = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
         prefill = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
         return [group for group in (decode, prefill) if group]
 
-    # %% chapters/11_engine.md:813
+    # %% chapters/11_engine.md § Two batches per step
     def _run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -490,7 +490,7 @@ class LLM:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:844
+    # %% chapters/11_engine.md § Two batches per step
     def _sample(self, logits, samplers) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not samplers:
@@ -526,7 +526,7 @@ class LLM:
                     stats.tpot.append((seq.finish_time - seq.first_token_time)
                                       / (len(seq.output_token_ids) - 1))
 
-    # %% chapters/11_engine.md:893
+    # %% chapters/11_engine.md § generate
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -584,12 +584,12 @@ class LLM:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1096
+    # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1161
+    # %% chapters/11_engine.md § Parallel sampling and seeds
     def _children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self._requests[seq.request_id]
@@ -598,7 +598,7 @@ class LLM:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1200
+    # %% chapters/11_engine.md § Cancellation and errors
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         request = self._requests.pop(request_id, None)
@@ -628,7 +628,7 @@ class LLM:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1361
+    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -680,7 +680,7 @@ class LLM:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1422
+    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -713,7 +713,7 @@ class LLM:
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
 
-    # %% chapters/11_engine.md:1593
+    # %% chapters/11_engine.md § CUDA graphs for decode
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self._graphs is None and self.enable_cuda_graphs:
@@ -723,7 +723,7 @@ class LLM:
         return self._graphs
 
 
-# %% chapters/11_engine.md:1346
+# %% chapters/11_engine.md § Beam search on fork and copy-on-write
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -736,7 +736,7 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-# %% chapters/11_engine.md:1504
+# %% chapters/11_engine.md § CUDA graphs for decode
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -776,7 +776,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1550
+    # %% chapters/11_engine.md § CUDA graphs for decode
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

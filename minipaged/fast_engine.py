@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:307
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-# %% chapters/13_fast_engine.md:358
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
                            weight: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:381
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -109,7 +109,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:511
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -129,7 +129,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:540
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -172,7 +172,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:588
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -204,7 +204,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:677
+# %% chapters/13_fast_engine.md § SiLU times up
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -240,7 +240,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:747
+# %% chapters/13_fast_engine.md § Fused projections
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -267,7 +267,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:835
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -299,7 +299,7 @@ class PrefillPlan:
         return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:888
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -356,7 +356,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:956
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -401,7 +401,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1107
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -445,7 +445,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1159
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -468,7 +468,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1189
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -511,7 +511,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1310
+# %% chapters/13_fast_engine.md § Sampling in one kernel
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -551,7 +551,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1358
+# %% chapters/13_fast_engine.md § Sampling in one kernel
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -584,10 +584,23 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-# %% chapters/13_fast_engine.md:1462
+# %% chapters/13_fast_engine.md § The fast engine
 class LLM(QuantizedCacheLLM):
     """Chapter 12's engine (chapter 11's, with ``kv_cache_dtype``) serving
     ``FastQwen3Model``: the book's fastest engine."""
+
+    # %% chapters/13_fast_engine.md § Host work off the critical path
+    def __init__(self, model, *, overlap_scheduling: bool = True,
+                 enable_chunked_prefill: bool = True, **kwargs) -> None:
+        """Chapter 12's engine, chunked prefill on by default; ``overlap_scheduling``
+        plans each plain decode step while the GPU runs the one before."""
+        super(LLM, self).__init__(model, enable_chunked_prefill=enable_chunked_prefill,
+                                  **kwargs)
+        self.scheduler = OverlapScheduler(self.manager, self.scheduler.config)
+        self.overlap_scheduling = overlap_scheduling
+        self.overlapped_steps = 0
+        self._in_flight: InFlightStep | None = None
+        self._ready: list = []  # outputs completed outside ``step``, returned by the next
 
     def _load(self, model, tokenizer, device):
         model, tokenizer = super()._load(model, tokenizer, device)
@@ -611,7 +624,7 @@ class LLM(QuantizedCacheLLM):
             return sample(logits, params, [self._generators[s.seq_id] for s in seqs])
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
-    # %% chapters/13_fast_engine.md:1549
+    # %% chapters/13_fast_engine.md § Chunked prefill, in the decode batch
     def _groups(self, chunks) -> list[list[int]]:
         """All of the step's chunks in one forward when the paged prefill kernel serves
         the prefills (a decode is a prefill of one token); else chapter 11's two groups."""
@@ -622,20 +635,7 @@ class LLM(QuantizedCacheLLM):
             return [list(range(len(chunks)))]
         return groups
 
-    # %% chapters/13_fast_engine.md:1748
-    def __init__(self, model, *, overlap_scheduling: bool = True,
-                 enable_chunked_prefill: bool = True, **kwargs) -> None:
-        """Chapter 12's engine, chunked prefill on by default; ``overlap_scheduling``
-        plans each plain decode step while the GPU runs the one before."""
-        super(LLM, self).__init__(model, enable_chunked_prefill=enable_chunked_prefill,
-                                  **kwargs)
-        self.scheduler = OverlapScheduler(self.manager, self.scheduler.config)
-        self.overlap_scheduling = overlap_scheduling
-        self.overlapped_steps = 0
-        self._in_flight: InFlightStep | None = None
-        self._ready: list = []  # outputs completed outside ``step``, returned by the next
-
-
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def has_unfinished_requests(self) -> bool:
         return (self._in_flight is not None or bool(self._ready)
                 or super(LLM, self).has_unfinished_requests())
@@ -648,7 +648,7 @@ class LLM(QuantizedCacheLLM):
                 return self._ready.pop(i)
         return super(LLM, self).abort_request(request_id)
 
-    # %% chapters/13_fast_engine.md:1785
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -695,7 +695,7 @@ class LLM(QuantizedCacheLLM):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1841
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def _decode_after(self, previous: InFlightStep, out: SchedulerOutput) -> torch.Tensor:
         """Logits of a decode step whose input tokens are ``previous``'s, still on the GPU."""
         tokens = previous.tokens
@@ -742,7 +742,7 @@ class LLM(QuantizedCacheLLM):
                 self._ready.append(self._output(self._requests.pop(request_id)))
 
 
-# %% chapters/13_fast_engine.md:1637
+# %% chapters/13_fast_engine.md § Host work off the critical path
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -787,7 +787,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1691
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -820,7 +820,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1731
+# %% chapters/13_fast_engine.md § Host work off the critical path
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -832,7 +832,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:2171
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -862,7 +862,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2207
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -895,7 +895,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2301
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -926,7 +926,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2339
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -958,7 +958,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2377
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,

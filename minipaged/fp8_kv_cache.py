@@ -1,7 +1,7 @@
 # GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md:110
+# %% chapters/12_fp8_kv_cache.md § The idea: eight bits and a scale
 """An FP8 paged KV cache: e4m3 blocks with one scale per (slot, KV head)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def fp8_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# %% chapters/12_fp8_kv_cache.md:166
+# %% chapters/12_fp8_kv_cache.md § Version 1: one scale per tensor
 def fp8_round_trip(x: torch.Tensor, scale) -> torch.Tensor:
     """x stored as e4m3 with `scale` (broadcast against x) and read back, in fp32."""
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale
@@ -70,7 +70,7 @@ def per_slot(x: torch.Tensor) -> torch.Tensor:
     return fp8_round_trip(x, x.abs().amax(-1, keepdim=True) / FP8_MAX)
 
 
-# %% chapters/12_fp8_kv_cache.md:232
+# %% chapters/12_fp8_kv_cache.md § Keys with a few large channels
 def synthetic_keys(tokens: int, heads: int, dim: int, outlier: float,
                    gen: torch.Generator, channels: int = 4,
                    spread: float = 0.5) -> torch.Tensor:
@@ -124,7 +124,7 @@ def accuracy_sweep(outliers=(1, 2, 4, 8, 16), tokens: int = 1024, seed: int = 0
     return rows, saturated
 
 
-# %% chapters/12_fp8_kv_cache.md:388
+# %% chapters/12_fp8_kv_cache.md § Version 2: the FP8 paged cache
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` as e4m3 with one fp32 scale per row (``amax / 448``), in torch."""
     x = x.float()
@@ -146,7 +146,7 @@ def fp8_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     return 2 * num_layers * num_kv_heads * (head_dim + scale_bytes)
 
 
-# %% chapters/12_fp8_kv_cache.md:417
+# %% chapters/12_fp8_kv_cache.md § Version 2: the FP8 paged cache
 class Fp8PagedKVCache(PagedKVCache):
     """A ``PagedKVCache`` whose blocks hold e4m3 values, each (slot, KV head) row of K
     and V with its own fp32 scale in ``scales[layer, 0|1, block, head, token]``.
@@ -177,7 +177,7 @@ class Fp8PagedKVCache(PagedKVCache):
     def __repr__(self) -> str:
         return "Fp8" + super().__repr__()
 
-    # %% chapters/12_fp8_kv_cache.md:549
+    # %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
     def _checked_write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor, check_slots: bool | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +219,7 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md:650
+    # %% chapters/12_fp8_kv_cache.md § Reading back, and moving blocks
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each.
@@ -270,7 +270,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md:974
+    # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None,
@@ -328,7 +328,7 @@ class Fp8PagedKVCache(PagedKVCache):
                 DIM_PAD=dim_pad)
         return out
 
-    # %% chapters/12_fp8_kv_cache.md:1036
+    # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
     def _check_query(self, query, layer, block_tables, seq_lens) -> None:
         """Chapter 8's argument checks, except that the query keeps the model's dtype."""
         if (query.dim() != 3 or query.shape[2] != self.head_dim
@@ -357,7 +357,7 @@ class Fp8PagedKVCache(PagedKVCache):
         self._layer(layer)
 
 
-# %% chapters/12_fp8_kv_cache.md:477
+# %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
 @triton.jit
 def _round_to_e4m3(x):
     """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even.
@@ -389,7 +389,7 @@ def _quantize_rows(x, FP8_MAX: tl.constexpr):
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
-# %% chapters/12_fp8_kv_cache.md:511
+# %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
 @triton.jit
 def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                       v_scale_ptr, slot_ptr, num_slots, stride_kn, stride_kh,
@@ -421,7 +421,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:709
+# %% chapters/12_fp8_kv_cache.md § Reading back, and moving blocks
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -434,7 +434,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         _copy_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md:821
+# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
     """Words of two e4m3 values (int16) as (low bytes, high bytes): fp16 on a GPU,
@@ -449,7 +449,7 @@ def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
         "=h,=h,h", [pairs], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
-# %% chapters/12_fp8_kv_cache.md:838
+# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
                       head_base, scale_head_base, start, end, stride_block,
@@ -500,7 +500,7 @@ def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
     return m, l, even, odd
 
 
-# %% chapters/12_fp8_kv_cache.md:894
+# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -547,7 +547,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md:950
+# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
 class Fp8Launch(NamedTuple):
     """How the fp8 decode kernel is launched."""
     tile: int                           # tokens per loop step
@@ -569,7 +569,7 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
                      programs_per_sm=4)                          # see below
 
 
-# %% chapters/12_fp8_kv_cache.md:1133
+# %% chapters/12_fp8_kv_cache.md § The engine with kv_cache_dtype
 class LLM(EngineLLM):
     """Chapter 11's engine with vLLM's ``kv_cache_dtype``: ``"auto"`` stores K/V in the
     model's dtype, ``"fp8"`` in an ``Fp8PagedKVCache`` (e4m3, per-slot scales), sized
@@ -602,7 +602,7 @@ class LLM(EngineLLM):
                            block_size)
 
 
-# %% chapters/12_fp8_kv_cache.md:1201
+# %% chapters/12_fp8_kv_cache.md § Accuracy end to end
 def teacher_forced(model, cache, sequences: list[list[int]],
                    prompt_len: int) -> torch.Tensor:
     """Logits [B, steps, vocab] of a paged model: prefill the prompts, then decode
