@@ -1,7 +1,7 @@
 # GENERATED from chapters/04_block_manager.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/04_block_manager.md:121
+# %% chapters/04_block_manager.md § A teaching manager
 """The block manager: a free list, block tables, slot mapping, atomic step reservation.
 
 ``TeachingBlockManager`` is the smallest manager that works; ``KVBlockManager`` is the
@@ -55,7 +55,7 @@ class NoFreeBlocksError(BlockManagerError, MemoryError):
             "tokens.")
 
 
-# %% chapters/04_block_manager.md:177
+# %% chapters/04_block_manager.md § A teaching manager
 class TeachingBlockManager:
     """The smallest working block manager: a free list, a table and a length per
     request.
@@ -87,7 +87,7 @@ class TeachingBlockManager:
         del self.lengths[request]
 
 
-# %% chapters/04_block_manager.md:274
+# %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
 class UnknownSequenceError(BlockManagerError, KeyError):
     """An operation named a sequence the manager does not hold."""
 
@@ -128,7 +128,7 @@ class StepPendingError(BlockManagerError, RuntimeError):
             "commit_step() or abort_step() first")
 
 
-# %% chapters/04_block_manager.md:324
+# %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
 @dataclass
 class SequenceState:
     """One sequence's bookkeeping: tokens in the cache, block table, tokens reserved."""
@@ -167,7 +167,7 @@ class FreeBlockList:
         self._queue.appendleft(block)
 
 
-# %% chapters/04_block_manager.md:369
+# %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
 class KVBlockManager:
     """Owns ``num_physical_blocks`` KV blocks of ``block_size`` tokens and every table.
 
@@ -211,7 +211,7 @@ class KVBlockManager:
         """Undo ``_take_blocks`` for one block (blocks come back in reverse order)."""
         self._free.unpop(block)
 
-    # %% chapters/04_block_manager.md:439
+    # %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -239,7 +239,7 @@ class KVBlockManager:
         """Tokens of the sequence whose KV is in the cache (committed steps only)."""
         return self._state(seq_id).length
 
-    # %% chapters/04_block_manager.md:476
+    # %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
     def _check_no_step(self, what: str) -> None:
         if self._pending is not None:
             raise StepPendingError(what)
@@ -263,7 +263,7 @@ class KVBlockManager:
         if len(self._released) > self._RELEASED_MEMORY:
             self._released.popitem(last=False)
 
-    # %% chapters/04_block_manager.md:511
+    # %% chapters/04_block_manager.md § The real manager: state, create, release, invariants
     def first_inconsistency(self) -> str | None:
         """None if every invariant holds, else a sentence naming the first bad block."""
         free = list(self._free)
@@ -299,7 +299,7 @@ class KVBlockManager:
         storage is right."""
         return self.first_inconsistency() is None and self._storage_inconsistency() is None
 
-    # %% chapters/04_block_manager.md:603
+    # %% chapters/04_block_manager.md § Where a token goes: append_token and its slot
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
         """Free blocks that writing ``count`` more tokens into ``state`` takes."""
         tokens = state.length + state.reserved + count
@@ -320,7 +320,7 @@ class KVBlockManager:
         return sum(len(st.block_table) * self.block_size - st.length - st.reserved
                    for st in self._seqs.values())
 
-    # %% chapters/04_block_manager.md:761
+    # %% chapters/04_block_manager.md § A step, all or nothing: reserve, commit, abort
     def reserve_step(self, num_new_tokens: Mapping[Hashable, int] | Iterable[Hashable]
                      ) -> StepReservation:
         """Take every block a step needs, or raise ``NoFreeBlocksError`` and change nothing.
@@ -367,7 +367,7 @@ class KVBlockManager:
         new_blocks_for = self._new_blocks_for
         return [new_blocks_for(st, n) for st, n in zip(states, counts)]
 
-    # %% chapters/04_block_manager.md:817
+    # %% chapters/04_block_manager.md § A step, all or nothing: reserve, commit, abort
     def _grow(self, state: SequenceState, k: int, undo: list[tuple],
               copies: list) -> list[int]:
         """Append ``k`` fresh blocks to the table; log ``("grow", state, blocks)``."""
@@ -391,7 +391,7 @@ class KVBlockManager:
         for state in states:
             state.reserved = 0
 
-    # %% chapters/04_block_manager.md:877
+    # %% chapters/04_block_manager.md § A step, all or nothing: reserve, commit, abort
     def _check_pending(self, reservation: StepReservation) -> None:
         if self._pending is None or reservation.step_id != self._pending.step_id:
             pending = "none" if self._pending is None else self._pending.step_id
@@ -432,7 +432,7 @@ class KVBlockManager:
         self.commit_step(reservation)
         return reservation.slot_mapping.tolist()
 
-    # %% chapters/04_block_manager.md:1005
+    # %% chapters/04_block_manager.md § Batch tensors for the kernels
     def get_seq_lens_tensor(self, seq_ids: Sequence[Hashable],
                             device: torch.device | str | None = None) -> torch.Tensor:
         """int32 [len(seq_ids)]: tokens attention reads, with the pending step's."""
@@ -440,7 +440,7 @@ class KVBlockManager:
         lens = torch.tensor([st.length + st.reserved for st in states], dtype=torch.int32)
         return lens.to(device) if device is not None else lens
 
-    # %% chapters/04_block_manager.md:1551
+    # %% chapters/04_block_manager.md § The manager on the table array
     def _make_live_sequences(self) -> LiveSequences:
         """The live sequences, their block tables mirrored in one persistent array."""
         return LiveSequences(BlockTableArray())
@@ -463,7 +463,7 @@ class KVBlockManager:
         out = torch.from_numpy(self._seqs.mirror.gather(self._seqs.rows(states), pad_value))
         return out.to(device) if device is not None else out
 
-    # %% chapters/04_block_manager.md:1584
+    # %% chapters/04_block_manager.md § The manager on the table array
     def _describe_step(self, states: list[SequenceState], counts: list[int],
                        new_blocks: dict[Hashable, list[int]],
                        seq_ids: tuple[Hashable, ...] | None = None) -> StepReservation:
@@ -492,7 +492,7 @@ class KVBlockManager:
             new_blocks=new_blocks, states=states)
 
 
-# %% chapters/04_block_manager.md:726
+# %% chapters/04_block_manager.md § A step, all or nothing: reserve, commit, abort
 @dataclass
 class StepReservation:
     """The blocks and slots of one reserved model step, held until commit or abort.
@@ -521,7 +521,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
-# %% chapters/04_block_manager.md:1179
+# %% chapters/04_block_manager.md § The slot arithmetic for a whole batch
 def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
                          first_blocks: Sequence[int],
                          starts: Sequence[int], counts: Sequence[int],
@@ -547,7 +547,7 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
     return blocks * block_size + positions % block_size
 
 
-# %% chapters/04_block_manager.md:1232
+# %% chapters/04_block_manager.md § A block-table array that persists between steps
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table.
 
@@ -592,7 +592,7 @@ class BlockTableArray:
         self._free_rows.append(row)
         table._mirror = table._row = None
 
-    # %% chapters/04_block_manager.md:1283
+    # %% chapters/04_block_manager.md § A block-table array that persists between steps
     def sync(self, row: int, table: Sequence[int], start: int) -> None:
         """Row ``row`` := ``table``, rewriting entries from ``start`` on."""
         old, new = int(self.lengths[row]), len(table)
@@ -614,7 +614,7 @@ class BlockTableArray:
         return out
 
 
-# %% chapters/04_block_manager.md:1314
+# %% chapters/04_block_manager.md § A block-table array that persists between steps
 class BlockTable(list):
     """A sequence's block table: a list of block ids that writes every change through to
     its row of a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
@@ -661,7 +661,7 @@ class BlockTable(list):
         self._sync(0)
         return self
 
-    # %% chapters/04_block_manager.md:1366
+    # %% chapters/04_block_manager.md § A block-table array that persists between steps
     def pop(self, index: int = -1) -> int:
         block = super(BlockTable, self).pop(index)
         self._sync(0)
@@ -688,7 +688,7 @@ class BlockTable(list):
         self._sync(0)
 
 
-# %% chapters/04_block_manager.md:1404
+# %% chapters/04_block_manager.md § A block-table array that persists between steps
 class LiveSequences(dict):
     """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets
     its block table attached to a row of ``mirror``, and every state that leaves gives
@@ -744,7 +744,7 @@ class LiveSequences(dict):
         for seq_id, state in dict(*args, **kwargs).items():
             self[seq_id] = state
 
-    # %% chapters/04_block_manager.md:1466
+    # %% chapters/04_block_manager.md § A block-table array that persists between steps
     def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
         """The mirror rows of ``states`` (re-attaching a table replaced by a plain list)."""
         try:

@@ -1,7 +1,7 @@
 # GENERATED from chapters/03_block_tables.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/03_block_tables.md:155
+# %% chapters/03_block_tables.md § Translating one position
 """Block tables: positions to slots and back, one at a time or for a whole batch."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def physical_address(block_table: Sequence[int], position: int,
     return BlockAddress(int(block_table[logical]), int(offset))
 
 
-# %% chapters/03_block_tables.md:221
+# %% chapters/03_block_tables.md § Translating one position
 def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
     """The flat slot ``block * block_size + offset`` that holds ``position``."""
     block, offset = physical_address(block_table, position, block_size)
@@ -100,7 +100,7 @@ def last_block_waste(length: int, block_size: int) -> int:
     return blocks_needed(length, block_size) * block_size - length
 
 
-# %% chapters/03_block_tables.md:384
+# %% chapters/03_block_tables.md § A whole batch at once
 def pad_block_tables(tables: Sequence[Sequence[int]], pad_value: int = -1,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """The tables of a batch as one ``[num_seqs, max_blocks]`` int32 tensor, padded.
@@ -155,7 +155,7 @@ def slots_for_range(block_table: Sequence[int] | torch.Tensor, start: int, count
                                rows=torch.zeros_like(positions))
 
 
-# %% chapters/03_block_tables.md:516
+# %% chapters/03_block_tables.md § Choosing a block size
 def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list[dict]:
     """For each block size: last-block waste (total, and as a share of allocated slots),
     mean and largest table length, and blocks needed, for sequences of these lengths.
@@ -179,7 +179,7 @@ def block_size_sweep(lengths: Sequence[int], block_sizes: Sequence[int]) -> list
     return rows
 
 
-# %% chapters/03_block_tables.md:669
+# %% chapters/03_block_tables.md § A memory map
 def memory_map(tables: Mapping[object, Sequence[int]], num_blocks: int) -> np.ndarray:
     """Owner of every physical block: the index (in ``tables`` order) of the sequence
     whose table holds it, or -1 if free. Raises ``BlockTableError`` if a block is out of

@@ -1,7 +1,7 @@
 # GENERATED from chapters/08_paged_attention.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/08_paged_attention.md:70
+# %% chapters/08_paged_attention.md § The math, and the reference
 """Paged decode attention: one query token per sequence against its paged K/V."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def paged_attention_reference(query: torch.Tensor, cache: PagedKVCache, layer: i
     return out
 
 
-# %% chapters/08_paged_attention.md:314
+# %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
 @triton.jit
 def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
                   stride_block, stride_token,
@@ -98,7 +98,7 @@ def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
     return m, l, acc
 
 
-# %% chapters/08_paged_attention.md:368
+# %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
 @triton.jit
 def _attend_group(q_ptr, k_ptr, v_ptr, table_row, b, kv_head, group, start, end,
                   scale_log2, stride_qb, stride_qh, stride_block, stride_token,
@@ -119,7 +119,7 @@ def _attend_group(q_ptr, k_ptr, v_ptr, table_row, b, kv_head, group, start, end,
     return heads, row_ok, m, l, acc / tl.where(l > 0, l, 1.0)[:, None]
 
 
-# %% chapters/08_paged_attention.md:391
+# %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
 @triton.jit
 def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log2,
                       group,
@@ -142,7 +142,7 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
              mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
 
 
-# %% chapters/08_paged_attention.md:422
+# %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
 def _launch_config(head_dim: int, device: torch.device,
                    split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
@@ -182,7 +182,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return out
 
 
-# %% chapters/08_paged_attention.md:574
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 @triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -219,7 +219,7 @@ def _paged_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/08_paged_attention.md:616
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
                          num_splits, SPLITS_PAD: tl.constexpr,
@@ -243,7 +243,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/08_paged_attention.md:650
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -275,7 +275,7 @@ def _split_ranges(length: int, num_splits: int, granule: int,
     return tokens_per_split, max(1, ceil_div(length, tokens_per_split))
 
 
-# %% chapters/08_paged_attention.md:701
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
                 device: torch.device, num_splits: int | None, min_split: int | None
                 ) -> tuple[int, int, int, tuple[int, int, int]]:
@@ -292,7 +292,7 @@ def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
     return num_splits, min_split, granule, config
 
 
-# %% chapters/08_paged_attention.md:727
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
@@ -325,7 +325,7 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
     cache.key_cache(layer)  # raises for a layer out of range
 
 
-# %% chapters/08_paged_attention.md:764
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
@@ -364,7 +364,7 @@ def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# %% chapters/08_paged_attention.md:805
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,

@@ -1,7 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:203
+# %% chapters/11_engine.md § The exported engine
 """The serving engine: vLLM's offline API on chapters 4-10's pieces, assembled from parts."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class InvalidRequestError(ValueError):
     token, a sampling setting out of range); nothing of it was queued."""
 
 
-# %% chapters/11_engine.md:400
+# %% chapters/11_engine.md § What generate returns
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request)."""
@@ -96,7 +96,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md:1237
+    # %% chapters/11_engine.md § Metrics
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -110,7 +110,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md:458
+# %% chapters/11_engine.md § The LLMEngine class
 @dataclass
 class _Request:
     request_id: int
@@ -175,7 +175,7 @@ MODEL_DTYPE_CACHE = CacheFormat(_new_model_dtype_cache, _model_dtype_block_bytes
 """``kv_cache_dtype="auto"``: chapter 7's ``PagedKVCache`` in the model's dtype."""
 
 
-# %% chapters/11_engine.md:529
+# %% chapters/11_engine.md § The LLMEngine class
 class LLMEngine:
     """Offline batched generation on a paged KV cache, with vLLM's API: ``generate``
     for a batch of prompts, and ``add_request`` / ``step`` / ``abort_request`` for a
@@ -240,7 +240,7 @@ class LLMEngine:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    # %% chapters/11_engine.md:603
+    # %% chapters/11_engine.md § The LLMEngine class
     def _auto_num_blocks(self, per_block: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
@@ -284,7 +284,7 @@ class LLMEngine:
         """Whether any added request is still waiting, running, swapped out or in flight."""
         return self.loop.in_flight() or self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md:659
+    # %% chapters/11_engine.md § The LLMEngine class
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -330,7 +330,7 @@ class LLMEngine:
         self.runner.sampler.add(seq)
         return seq
 
-    # %% chapters/11_engine.md:768
+    # %% chapters/11_engine.md § One step
     def step(self) -> list[RequestOutput]:
         """One step of the engine's loop. Returns the requests that finished in it (and
         forgets them)."""
@@ -352,7 +352,7 @@ class LLMEngine:
             self.scheduler.abort_step(out)
             raise
 
-    # %% chapters/11_engine.md:973
+    # %% chapters/11_engine.md § Two batches per step
     def account(self, out: SchedulerOutput, num_sampled: int, schedule_s: float,
                 forward_s: float) -> None:
         """Add a step to the run's counters."""
@@ -386,7 +386,7 @@ class LLMEngine:
                 outputs.append(self._output(self.requests.pop(request_id)))
         return outputs
 
-    # %% chapters/11_engine.md:1053
+    # %% chapters/11_engine.md § generate
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -444,12 +444,12 @@ class LLMEngine:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    # %% chapters/11_engine.md:1256
+    # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md:1321
+    # %% chapters/11_engine.md § Parallel sampling and seeds
     def children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self.requests[seq.request_id]
@@ -458,7 +458,7 @@ class LLMEngine:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md:1360
+    # %% chapters/11_engine.md § Cancellation and errors
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         self.loop.settle()  # its tokens in flight first: its output holds no placeholder
@@ -492,7 +492,7 @@ class LLMEngine:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md:1525
+    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -544,7 +544,7 @@ class LLMEngine:
                 if seq.seq_id in manager:
                     manager.release_sequence(seq.seq_id)
 
-    # %% chapters/11_engine.md:1586
+    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
     @staticmethod
     def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
         """Every row's next-token log-probabilities (a beam step samples nothing)."""
@@ -578,7 +578,7 @@ class LLMEngine:
         return result
 
 
-# %% chapters/11_engine.md:720
+# %% chapters/11_engine.md § One step
 class StepLoop:
     """How the engine steps: schedule, run the model, sample, commit, one step after
     the other. ``ready`` holds outputs that finished outside ``step`` (none here;
@@ -622,7 +622,7 @@ class StepLoop:
         return engine.finish(done)
 
 
-# %% chapters/11_engine.md:1014
+# %% chapters/11_engine.md § Two batches per step
 def _never(model, cache) -> bool:
     return False
 
@@ -652,7 +652,7 @@ class EngineParts:
         return replace(self, cache_formats={**self.cache_formats, name: cache_format})
 
 
-# %% chapters/11_engine.md:1510
+# %% chapters/11_engine.md § Beam search on fork and copy-on-write
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best

@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:306
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 """A faster Qwen3 for the engine: fused glue kernels, fused projections, paged prefill.
 
 The model computes what chapter 9's does, with fewer kernels: residual add and RMSNorm
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-# %% chapters/13_fast_engine.md:359
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
                            weight: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +67,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md:382
+# %% chapters/13_fast_engine.md § Residual add and RMSNorm
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -111,7 +111,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md:512
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                            q_weight: torch.Tensor, k_weight: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -131,7 +131,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md:541
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -174,7 +174,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
 
 
-# %% chapters/13_fast_engine.md:589
+# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, eps: float
@@ -206,7 +206,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md:678
+# %% chapters/13_fast_engine.md § SiLU times up
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -242,7 +242,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md:748
+# %% chapters/13_fast_engine.md § Fused projections
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -269,7 +269,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md:836
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 @dataclass
 class PrefillPlan:
     """Query tiles of a prefill batch, and per sequence where its tokens are.
@@ -301,7 +301,7 @@ class PrefillPlan:
         return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
 
-# %% chapters/13_fast_engine.md:889
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -358,7 +358,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/13_fast_engine.md:957
+# %% chapters/13_fast_engine.md § A paged prefill kernel
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -403,7 +403,7 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/13_fast_engine.md:1108
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -447,7 +447,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md:1160
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -470,7 +470,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md:1190
+# %% chapters/13_fast_engine.md § The fast model
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -513,7 +513,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md:1311
+# %% chapters/13_fast_engine.md § Sampling in one kernel
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):
@@ -553,7 +553,7 @@ def sample_fused(logits: torch.Tensor, inv_temperature: torch.Tensor,
     return tokens
 
 
-# %% chapters/13_fast_engine.md:1359
+# %% chapters/13_fast_engine.md § Sampling in one kernel
 POSITION_BITS = 20  # a key's low bits: the tokens a sequence has generated so far
 
 
@@ -586,7 +586,7 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-# %% chapters/13_fast_engine.md:1462
+# %% chapters/13_fast_engine.md § The fast engine
 def as_fast_model(model: Qwen3PagedModel) -> FastQwen3Model:
     """The engine's model part: chapter 9's paged model made fast (weights shared)."""
     return model if isinstance(model, FastQwen3Model) else FastQwen3Model.from_paged(model)
@@ -604,7 +604,7 @@ class FusedSampler(Sampler):
         return sample_fused(logits, *sampling_inputs(seqs, logits.device))
 
 
-# %% chapters/13_fast_engine.md:1539
+# %% chapters/13_fast_engine.md § Chunked prefill, in the decode batch
 def serves_mixed_batches(model: FastQwen3Model, cache: PagedKVCache) -> bool:
     """Whether one forward may take a step's prefills and decodes together: when the
     paged prefill kernel serves the prefills (a decode is a prefill of one token)."""
@@ -612,7 +612,7 @@ def serves_mixed_batches(model: FastQwen3Model, cache: PagedKVCache) -> bool:
                                                            model.embed_tokens.weight.dtype)
 
 
-# %% chapters/13_fast_engine.md:1625
+# %% chapters/13_fast_engine.md § Host work off the critical path
 UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
@@ -657,7 +657,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/13_fast_engine.md:1679
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -690,7 +690,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/13_fast_engine.md:1719
+# %% chapters/13_fast_engine.md § Host work off the critical path
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -702,7 +702,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/13_fast_engine.md:1736
+# %% chapters/13_fast_engine.md § Host work off the critical path
 class OverlapStepLoop(StepLoop):
     """Chapter 11's step loop, with each plain decode step launched before the
     previous step's tokens reach the host, and committed before its own do. Needs
@@ -720,7 +720,7 @@ class OverlapStepLoop(StepLoop):
         """Read the tokens in flight, if any: the engine is synchronous again."""
         self._resolve(keep_running=False)
 
-    # %% chapters/13_fast_engine.md:1762
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -771,7 +771,7 @@ class OverlapStepLoop(StepLoop):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/13_fast_engine.md:1822
+    # %% chapters/13_fast_engine.md § Host work off the critical path
     def _resolve(self, keep_running: bool) -> dict:
         """Wait for the in-flight step's tokens and put them in place. Returns the
         sequences they stopped that are also in a launched step (see ``resolve``)."""
@@ -796,7 +796,7 @@ class OverlapStepLoop(StepLoop):
             s.output_token_ids and s.output_token_ids[-1] == UNRESOLVED for s in request.seqs))
 
 
-# %% chapters/13_fast_engine.md:2272
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @dataclass(frozen=True)
 class DecodeWork:
     """A decode batch cut into work items of at most ``chunk`` tokens.
@@ -826,7 +826,7 @@ def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
     return max(chunk, ceil_div(min_chunk, granule) * granule)
 
 
-# %% chapters/13_fast_engine.md:2308
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                      programs_per_sm: int = 4, min_chunk: int = 128,
                      num_sms: int | None = None) -> DecodeWork:
@@ -859,7 +859,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
                       any_split, config, cache.block_size)
 
 
-# %% chapters/13_fast_engine.md:2402
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @triton.jit
 def _balanced_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
@@ -890,7 +890,7 @@ def _balanced_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/13_fast_engine.md:2440
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 @triton.jit
 def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
                         stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -922,7 +922,7 @@ def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob
                  (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-# %% chapters/13_fast_engine.md:2478
+# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
 def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor,
                              work: DecodeWork, scale: float | None = None,

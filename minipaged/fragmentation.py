@@ -1,7 +1,7 @@
 # GENERATED from chapters/02_fragmentation.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/02_fragmentation.md:67
+# %% chapters/02_fragmentation.md § Four ways to give out memory
 """Where KV memory goes under contiguous reservation and under paging.
 
 Workloads, a first-fit heap, and a simulator that labels every slot at every step.
@@ -56,7 +56,7 @@ def reservation_tokens(policy: str, total_len: int, max_len: int) -> int:
                      "choose max, pow2 or oracle")
 
 
-# %% chapters/02_fragmentation.md:342
+# %% chapters/02_fragmentation.md § A workload, from published statistics
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a workload: arrival (in decode steps) and its token counts."""
@@ -90,7 +90,7 @@ WORKLOADS = {
 }
 
 
-# %% chapters/02_fragmentation.md:380
+# %% chapters/02_fragmentation.md § A workload, from published statistics
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -122,7 +122,7 @@ def fit_lognormal_mu(mean: float, sigma: float, cap: float) -> float:
     return (low + high) / 2
 
 
-# %% chapters/02_fragmentation.md:417
+# %% chapters/02_fragmentation.md § A workload, from published statistics
 def _lengths(rng: np.random.Generator, mean: float, sigma: float, cap: int,
              n: int) -> np.ndarray:
     mu = fit_lognormal_mu(mean, sigma, cap)
@@ -167,7 +167,7 @@ def generate_workload(name: str = "sharegpt", num_requests: int = 1000, seed: in
             for a, p, o in zip(arrivals, prompt, output)]
 
 
-# %% chapters/02_fragmentation.md:521
+# %% chapters/02_fragmentation.md § First fit: the allocator behind contiguous regions
 class FirstFitAllocator:
     """Contiguous regions of a ``capacity``-token space: first fit, free neighbours
     merged."""
@@ -210,7 +210,7 @@ class FirstFitAllocator:
         """Size of the largest free hole: the largest region it can allocate now."""
         return max(self._sizes, default=0)
 
-    # %% chapters/02_fragmentation.md:572
+    # %% chapters/02_fragmentation.md § First fit: the allocator behind contiguous regions
     def free(self, start: int) -> None:
         """Return the region that starts at ``start``; merge it with free neighbours."""
         if start not in self._regions:
@@ -228,7 +228,7 @@ class FirstFitAllocator:
             del self._starts[i]
 
 
-# %% chapters/02_fragmentation.md:696
+# %% chapters/02_fragmentation.md § The full simulator
 _STATES = ("token_states", "reservation", "internal",
            "external", "headroom", "blocked", "free")
 _SERIES = _STATES + ("running", "waiting")
@@ -287,7 +287,7 @@ class SimulationResult:
         }
 
 
-# %% chapters/02_fragmentation.md:762
+# %% chapters/02_fragmentation.md § The full simulator
 class _ContiguousMemory:
     """One first-fit region per request, reserved on admission for all its future
     tokens."""
@@ -324,7 +324,7 @@ class _ContiguousMemory:
         return 0, 0, idle
 
 
-# %% chapters/02_fragmentation.md:804
+# %% chapters/02_fragmentation.md § The full simulator
 class _PagedMemory:
     """Blocks of ``block_size`` slots, counted free or owned; any free block serves
     any request."""
@@ -369,7 +369,7 @@ class _PagedMemory:
         return 0, kept * self.block_size, idle - kept * self.block_size
 
 
-# %% chapters/02_fragmentation.md:854
+# %% chapters/02_fragmentation.md § The full simulator
 class _Simulation:
     """The state of one ``simulate`` run: queue, running requests, lengths, records."""
 
@@ -408,7 +408,7 @@ class _Simulation:
             self._finish()
             self.step += 1
 
-    # %% chapters/02_fragmentation.md:899
+    # %% chapters/02_fragmentation.md § The full simulator
     def _arrive(self) -> None:
         """Queue the requests that have arrived; skip idle time to the next arrival."""
         idle = not self.running and not self.waiting
@@ -418,7 +418,7 @@ class _Simulation:
             self.waiting.append(self.next_arrival)
             self.next_arrival += 1
 
-    # %% chapters/02_fragmentation.md:917
+    # %% chapters/02_fragmentation.md § The full simulator
     def _decode(self) -> None:
         """Store one token per running request; grow paged ones, preempting if needed."""
         if not self.running:
@@ -443,7 +443,7 @@ class _Simulation:
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
-    # %% chapters/02_fragmentation.md:951
+    # %% chapters/02_fragmentation.md § The full simulator
     def _admit(self) -> int | None:
         """Admit from the head of the queue; the head memory refused, or None."""
         while self.waiting:
@@ -458,7 +458,7 @@ class _Simulation:
             self.running.append(self.waiting.popleft())
         return None
 
-    # %% chapters/02_fragmentation.md:973
+    # %% chapters/02_fragmentation.md § The full simulator
     def _record(self, head: int | None) -> None:
         """Append this step's slot states, running and waiting counts to the records."""
         ids = np.asarray(self.running, dtype=np.int64)
@@ -492,7 +492,7 @@ class _Simulation:
             self.running = [rid for rid in self.running if rid not in done_set]
 
 
-# %% chapters/02_fragmentation.md:1013
+# %% chapters/02_fragmentation.md § The full simulator
 def simulate(requests: list[TraceRequest], policy: str = "paged",
              budget_tokens: int = 16384, *, block_size: int = 16, max_len: int = 2048,
              max_running: int | None = None,
@@ -534,7 +534,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged",
                             **arrays)
 
 
-# %% chapters/02_fragmentation.md:1330
+# %% chapters/02_fragmentation.md § Reading a real trace
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as requests (missing column, bad value)."""
 
@@ -573,7 +573,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     return None
 
 
-# %% chapters/02_fragmentation.md:1374
+# %% chapters/02_fragmentation.md § Reading a real trace
 def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
                    output_column: str | None = None, arrival_column: str | None = None,
                    rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -613,7 +613,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
-# %% chapters/02_fragmentation.md:1443
+# %% chapters/02_fragmentation.md § From the command line
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(

@@ -1,7 +1,7 @@
 # GENERATED from chapters/07_paged_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/07_paged_kv_cache.md:79
+# %% chapters/07_paged_kv_cache.md § The idea: one tensor, addressed by slot
 """The paged KV cache: fixed-size blocks per layer, written at slots, read by table."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class KVCacheError(ValueError):
     """A call to the KV cache with arguments that do not fit it (shape, dtype, slot)."""
 
 
-# %% chapters/07_paged_kv_cache.md:116
+# %% chapters/07_paged_kv_cache.md § The idea: one tensor, addressed by slot
 class PagedKVCache:
     """Keys and values of every layer in fixed-size blocks: ``storage[layer, 0|1]``.
 
@@ -90,7 +90,7 @@ class PagedKVCache:
                 f"layout={self.layout!r}, "
                 f"device={self.device}, {self.nbytes / 2**20:.1f} MiB)")
 
-    # %% chapters/07_paged_kv_cache.md:185
+    # %% chapters/07_paged_kv_cache.md § The idea: one tensor, addressed by slot
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
@@ -128,7 +128,7 @@ class PagedKVCache:
                                + f"{self.num_layers} layers")
         return layer
 
-    # %% chapters/07_paged_kv_cache.md:323
+    # %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots
     def _checked_kv(self, name: str, tensor: torch.Tensor, num_tokens: int) -> torch.Tensor:
         expected = (num_tokens, self.num_kv_heads, self.head_dim)
         if tuple(tensor.shape) != expected:
@@ -179,7 +179,7 @@ class PagedKVCache:
             HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim))
 
-    # %% chapters/07_paged_kv_cache.md:474
+    # %% chapters/07_paged_kv_cache.md § Reading a sequence back: gather
     def gather(self, layer: int, block_table: Sequence[int] | torch.Tensor,
                num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence, ``[num_tokens, H_kv, D]`` each, contiguous, in order."""
@@ -197,7 +197,7 @@ class PagedKVCache:
         value = self.token_view(self.value_cache(layer))[blocks, offsets]
         return key.contiguous(), value.contiguous()
 
-    # %% chapters/07_paged_kv_cache.md:628
+    # %% chapters/07_paged_kv_cache.md § Copying blocks: copy-on-write
     def copy_blocks(self, pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy-on-write: for every ``(src, dst)``, block ``dst`` := block ``src``.
 
@@ -217,7 +217,7 @@ class PagedKVCache:
         _copy_blocks_kernel[grid](self.storage, table, self.num_blocks * block_numel,
                                   block_numel, CHUNK=chunk)
 
-    # %% chapters/07_paged_kv_cache.md:731
+    # %% chapters/07_paged_kv_cache.md § Swapping to CPU memory
     def cpu_pool(self, num_blocks: int) -> "PagedKVCache":
         """A host-memory pool of ``num_blocks`` blocks shaped like this one (pinned)."""
         return PagedKVCache(self.num_layers, num_blocks, self.block_size, self.num_kv_heads,
@@ -237,7 +237,7 @@ class PagedKVCache:
         _copy_between(cpu_cache, self, pairs)
 
 
-# %% chapters/07_paged_kv_cache.md:272
+# %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots
 def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor,
                        value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Plain-PyTorch ``cache.write``: token ``i`` goes to slot ``slot_mapping[i]``."""
@@ -249,7 +249,7 @@ def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor,
     v_view[block, offset] = value[keep].to(cache.dtype)
 
 
-# %% chapters/07_paged_kv_cache.md:293
+# %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots
 @triton.jit
 def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_slots,
                      stride_kn, stride_kh, stride_vn, stride_vh,
@@ -272,7 +272,7 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-# %% chapters/07_paged_kv_cache.md:583
+# %% chapters/07_paged_kv_cache.md § Copying blocks: copy-on-write
 def _pairs(cache: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Tensor,
            num_dst_blocks: int | None = None) -> list[tuple[int, int]]:
     """Validate (src, dst) block pairs against this cache (and a destination's size)."""
@@ -315,7 +315,7 @@ def _copy_blocks_kernel(storage_ptr, pairs_ptr, stride_plane, block_numel,
              tl.load(base + src * block_numel + offsets, mask=mask), mask=mask)
 
 
-# %% chapters/07_paged_kv_cache.md:689
+# %% chapters/07_paged_kv_cache.md § Swapping to CPU memory
 def _check_same_geometry(a: PagedKVCache, b: PagedKVCache) -> None:
     fields = ("num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "layout")
     different = [f for f in fields if getattr(a, f) != getattr(b, f)]

@@ -1,7 +1,7 @@
 # GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md:1863
+# %% chapters/13_fast_engine.md § The assembled engine: minipaged.LLM
 """``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
 
 The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter

@@ -1,7 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:798
+# %% chapters/11_engine.md § One step
 """The model runner: the one place that turns a scheduled step into tensors."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class ModelRunner:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md:860
+    # %% chapters/11_engine.md § Two batches per step
     def forward(self, out: SchedulerOutput, children_for=None):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -80,7 +80,7 @@ class ModelRunner:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, rows
 
-    # %% chapters/11_engine.md:897
+    # %% chapters/11_engine.md § Two batches per step
     def groups(self, chunks) -> list[list[int]]:
         """The step's chunks (indices) in forward groups: one-token decodes, then prefills;
         all in one group when the model takes them together."""
@@ -90,7 +90,7 @@ class ModelRunner:
             return [list(range(len(chunks)))]
         return [group for group in (decode, prefill) if group]
 
-    # %% chapters/11_engine.md:916
+    # %% chapters/11_engine.md § Two batches per step
     def run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -123,7 +123,7 @@ class ModelRunner:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md:959
+    # %% chapters/11_engine.md § Two batches per step
     def sample(self, logits: torch.Tensor, rows) -> list:
         """One token per row: ``[((sequence, fork_child), token), ...]``."""
         if not rows:
@@ -131,7 +131,7 @@ class ModelRunner:
         seqs = [child or seq for seq, child in rows]
         return list(zip(rows, self.sampler(logits, seqs).tolist()))
 
-    # %% chapters/11_engine.md:1757
+    # %% chapters/11_engine.md § CUDA graphs for decode
     def decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self.graphs is None and self.enable_cuda_graphs:
@@ -140,7 +140,7 @@ class ModelRunner:
         return self.graphs
 
 
-# %% chapters/11_engine.md:1668
+# %% chapters/11_engine.md § CUDA graphs for decode
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -180,7 +180,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md:1714
+    # %% chapters/11_engine.md § CUDA graphs for decode
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

@@ -1,7 +1,7 @@
 # GENERATED from chapters/06_prefix_caching.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/06_prefix_caching.md:113
+# %% chapters/06_prefix_caching.md § The free queue
 """Prefix caching: chained block hashes, verified hits, an LRU free queue, and the
 engine-facing API."""
 
@@ -57,7 +57,7 @@ class LRUFreeBlockQueue:
         del self._queue[block]
 
 
-# %% chapters/06_prefix_caching.md:183
+# %% chapters/06_prefix_caching.md § Hashing a chain of blocks
 ROOT_HASH = 0x9E3779B97F4A7C15  # "no parent" (hash(None) varies per run before 3.12)
 
 
@@ -81,7 +81,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-# %% chapters/06_prefix_caching.md:227
+# %% chapters/06_prefix_caching.md § The manager
 class PrefixCachingBlockManager(SharingBlockManager):
     """The engine-facing block manager: chapter 5's sharing manager plus automatic
     prefix caching.
@@ -116,7 +116,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def _make_free_list(self, blocks: Iterable[int]) -> LRUFreeBlockQueue:
         return LRUFreeBlockQueue(blocks)
 
-    # %% chapters/06_prefix_caching.md:273
+    # %% chapters/06_prefix_caching.md § The manager
     def create_sequence(self, seq_id: Hashable) -> None:
         super(PrefixCachingBlockManager, self).create_sequence(seq_id)
         self._tokens[seq_id], self._chain[seq_id] = [], []
@@ -164,7 +164,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self._lagging.add(seq_id)
         return pairs
 
-    # %% chapters/06_prefix_caching.md:339
+    # %% chapters/06_prefix_caching.md § Step 1: register full blocks when a step commits
     def _identity(self, block: int) -> tuple[int, int]:
         return block, self._generation[block]
 
@@ -213,7 +213,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         else:
             self._lagging.discard(state.seq_id)
 
-    # %% chapters/06_prefix_caching.md:398
+    # %% chapters/06_prefix_caching.md § Step 1: register full blocks when a step commits
     def is_cached(self, block: int) -> bool:
         """Whether ``block`` holds a registered full block (in use or free, not evicted)."""
         return self._block_hash[block] is not None
@@ -224,7 +224,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         """Blocks registered in the cache, in use by some sequence or sitting free."""
         return sum(len(blocks) for blocks in self._cache.values())
 
-    # %% chapters/06_prefix_caching.md:442
+    # %% chapters/06_prefix_caching.md § Step 2: look a prompt up
     def _match(self, token_ids: Sequence[int], max_blocks: int) -> list[int]:
         """Cached blocks holding the longest prefix of ``token_ids`` (at most
         ``max_blocks``)."""
@@ -265,7 +265,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         """Tokens of the prompt that a call to ``allocate_prompt`` now would find cached."""
         return len(self.match_prefix(prompt_token_ids)) * self.block_size
 
-    # %% chapters/06_prefix_caching.md:514
+    # %% chapters/06_prefix_caching.md § Step 3: admit a prompt onto its cached prefix
     def num_blocks_for_prompt(self, prompt_token_ids: Sequence[int],
                               hits: list[int] | None = None) -> int:
         """Free blocks admitting this prompt takes: its uncached blocks plus the cached ones
@@ -304,7 +304,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.stats.hits += state.length
         return state.length
 
-    # %% chapters/06_prefix_caching.md:593
+    # %% chapters/06_prefix_caching.md § Step 4: keep freed blocks cached, evict lazily
     def _evict(self, block: int, seq_id: Hashable) -> None:
         candidates = self._cache[self._block_hash[block]]
         candidates.remove(block)
@@ -330,7 +330,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
         if self._refcount[block] == 0 and self._block_hash[block] is None:
             self._free.push_front(block)  # nothing to keep: hand it out before cached ones
 
-    # %% chapters/06_prefix_caching.md:658
+    # %% chapters/06_prefix_caching.md § The reconciliation, extended to the cache
     def first_inconsistency(self) -> str | None:
         problem = super(PrefixCachingBlockManager, self).first_inconsistency()
         if problem:

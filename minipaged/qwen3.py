@@ -1,7 +1,7 @@
 # GENERATED from chapters/09_qwen3.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/09_qwen3.md:132
+# %% chapters/09_qwen3.md § Configurations and weights
 """Qwen3 on the paged KV cache: a decoder whose attention writes and reads the pool.
 
 The model reads a flat batch of new tokens (`ForwardBatch`): their ids and positions,
@@ -62,7 +62,7 @@ class HubUnavailableError(RuntimeError):
     """A pretrained model or tokenizer could not be loaded from the Hugging Face hub."""
 
 
-# %% chapters/09_qwen3.md:197
+# %% chapters/09_qwen3.md § Configurations and weights
 def tiny_qwen3_config(**overrides):
     """A small Qwen3 config for CPU runs and tests: 2 layers, hidden 64, GQA 4:2.
 
@@ -99,7 +99,7 @@ def qwen3_0_6b_config(**overrides):
     return tiny_qwen3_config(**settings)
 
 
-# %% chapters/09_qwen3.md:248
+# %% chapters/09_qwen3.md § Configurations and weights
 def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None,
                  attn_implementation: str = "eager"):
@@ -146,7 +146,7 @@ def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
     return model.to(device or "cpu").eval(), tokenizer
 
 
-# %% chapters/09_qwen3.md:345
+# %% chapters/09_qwen3.md § RMSNorm and QK-norm
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis: fp32 statistics, then the gain."""
 
@@ -162,7 +162,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-# %% chapters/09_qwen3.md:397
+# %% chapters/09_qwen3.md § Rotary embeddings
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """Inverse frequencies of RoPE, ``theta ** (-2i / head_dim)``, fp32 [D/2]."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
@@ -184,7 +184,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# %% chapters/09_qwen3.md:459
+# %% chapters/09_qwen3.md § The batch an engine hands the model
 def _int_tensor(values, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -237,7 +237,7 @@ class ForwardBatch:
             last = torch.tensor(self.query_lens).cumsum(0) - 1
             self.logits_indices = last.to(self.input_ids.device, non_blocking=True)
 
-    # %% chapters/09_qwen3.md:519
+    # %% chapters/09_qwen3.md § The batch an engine hands the model
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
@@ -281,7 +281,7 @@ class ForwardBatch:
             seq_lens=_int_tensor(lens, torch.int32, device),
         )
 
-    # %% chapters/09_qwen3.md:595
+    # %% chapters/09_qwen3.md § The batch an engine hands the model
     def to(self, device: torch.device | str | None) -> ForwardBatch:
         """This batch with every tensor on ``device`` (``None``: unchanged)."""
         if device is None:
@@ -316,7 +316,7 @@ class ForwardBatch:
                    block_tables=tables, seq_lens=lens, logits_indices=logits_indices)
 
 
-# %% chapters/09_qwen3.md:827
+# %% chapters/09_qwen3.md § Attention over the paged cache
 _PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                           SDPBackend.MATH]
 """SDPA kernels prefill may use: not cuDNN, which plans anew for every new length."""
@@ -353,7 +353,7 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out
 
 
-# %% chapters/09_qwen3.md:913
+# %% chapters/09_qwen3.md § Attention over the paged cache
 class Qwen3PagedAttention(nn.Module):
     """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
 
@@ -372,7 +372,7 @@ class Qwen3PagedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    # %% chapters/09_qwen3.md:957
+    # %% chapters/09_qwen3.md § Attention over the paged cache
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
@@ -389,7 +389,7 @@ class Qwen3PagedAttention(nn.Module):
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-# %% chapters/09_qwen3.md:939
+# %% chapters/09_qwen3.md § Attention over the paged cache
 def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
                  ) -> torch.Tensor:
@@ -402,7 +402,7 @@ def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
     return paged_attention(query, cache, layer, block_tables, seq_lens, scale=scale)
 
 
-# %% chapters/09_qwen3.md:1024
+# %% chapters/09_qwen3.md § The MLP and the decoder layer
 class Qwen3PagedMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
@@ -433,7 +433,7 @@ class Qwen3PagedLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/09_qwen3.md:1082
+# %% chapters/09_qwen3.md § The whole model
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
@@ -475,7 +475,7 @@ class Qwen3PagedModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    # %% chapters/09_qwen3.md:1132
+    # %% chapters/09_qwen3.md § The whole model
     @classmethod
     def from_state_dict(cls, config,
                         state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
@@ -505,7 +505,7 @@ class Qwen3PagedModel(nn.Module):
             model.inv_freq = rotary.inv_freq.detach().float().clone()
         return model
 
-    # %% chapters/09_qwen3.md:1170
+    # %% chapters/09_qwen3.md § The whole model
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """An empty paged cache shaped for this model, in its dtype and on its device."""
         c = self.config
@@ -522,7 +522,7 @@ class Qwen3PagedModel(nn.Module):
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
-# %% chapters/09_qwen3.md:1225
+# %% chapters/09_qwen3.md § Parity, layer by layer
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
 """Largest relative error of a layer's attention output vs transformers eager."""
 LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1.2e-1}
@@ -569,7 +569,7 @@ def attention_parity(model: Qwen3PagedModel, hf_model, prompts: list[list[int]],
     return errors
 
 
-# %% chapters/09_qwen3.md:1349
+# %% chapters/09_qwen3.md § Generating: prefill, then paged decode
 @dataclass
 class GreedyTrace:
     """What ``greedy_generate`` produced: tokens, their logits, the block history."""
@@ -591,7 +591,7 @@ def _grow_table(table: list[int], free: list[int], tokens: int, block_size: int,
     table.extend(free.pop() for _ in range(grow))
 
 
-# %% chapters/09_qwen3.md:1376
+# %% chapters/09_qwen3.md § Generating: prefill, then paged decode
 def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
                     prompts: list[list[int]], max_new_tokens: int, *,
                     arrivals: list[int] | None = None, seed: int = 0,
@@ -638,7 +638,7 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
     return trace
 
 
-# %% chapters/09_qwen3.md:1428
+# %% chapters/09_qwen3.md § Generating: prefill, then paged decode
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.

@@ -1,7 +1,7 @@
 # GENERATED from chapters/00_runtime.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/00_runtime.md:34
+# %% chapters/00_runtime.md § One switch
 """Where minipaged runs: GPU or CPU, real or small sizes, compiled or interpreted."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def results_path(name: str) -> Path:
     return beside_package if beside_package.exists() else Path("results") / name
 
 
-# %% chapters/00_runtime.md:122
+# %% chapters/00_runtime.md § When Triton was imported first
 class TritonImportOrderError(RuntimeError):
     """Triton was imported before minipaged, on a machine that needs its interpreter."""
 
@@ -98,7 +98,7 @@ def _interpret_triton_language() -> int:
 _rebuilt_at_import = _interpret_triton_language()
 
 
-# %% chapters/00_runtime.md:210
+# %% chapters/00_runtime.md § Growing a class across cells
 def add_to_class(cls: type):
     """Decorator: attach a function (or property, staticmethod, classmethod) to ``cls``.
 
@@ -118,7 +118,7 @@ def add_to_class(cls: type):
     return attach
 
 
-# %% chapters/00_runtime.md:257
+# %% chapters/00_runtime.md § Numbers in the prose come from the code
 def glue(name: str, value: T, display: bool = False) -> T:
     """Hand ``value`` to the prose, where ``{glue:text}`` shows it by name; return it.
 

@@ -1,7 +1,7 @@
 # GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md:271
+# %% chapters/11_engine.md § Sampling
 """Sampling: one token per row of logits, each row under its own ``SamplingParams``."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # GENERATED from chapters/10_scheduler.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/10_scheduler.md:111
+# %% chapters/10_scheduler.md § Requests and sequences
 """Continuous-batching scheduler: queues, admission by blocks and tokens, preemption."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class PromptTooLongError(ValueError):
     """A prompt can never be served: longer than the model allows, or than the cache."""
 
 
-# %% chapters/10_scheduler.md:149
+# %% chapters/10_scheduler.md § Requests and sequences
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into tokens, and when to stop (vLLM's names).
@@ -78,7 +78,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-# %% chapters/10_scheduler.md:212
+# %% chapters/10_scheduler.md § Requests and sequences
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -136,7 +136,7 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
-# %% chapters/10_scheduler.md:404
+# %% chapters/10_scheduler.md § What a step looks like
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits and policy of the scheduler.
@@ -196,7 +196,7 @@ class ScheduledChunk:
         return self.start + self.num_tokens == end
 
 
-# %% chapters/10_scheduler.md:469
+# %% chapters/10_scheduler.md § What a step looks like
 @dataclass
 class StepStats:
     """What one step looked like: the rows of the timeline figures."""
@@ -240,7 +240,7 @@ class SchedulerOutput:
         return not self.chunks
 
 
-# %% chapters/10_scheduler.md:538
+# %% chapters/10_scheduler.md § Requests in and out
 class Scheduler:
     """Decides, step by step, which sequences run, and reserves the blocks they write.
 
@@ -299,7 +299,7 @@ class Scheduler:
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
-    # %% chapters/10_scheduler.md:612
+    # %% chapters/10_scheduler.md § Requests in and out
     def abort(self, seq_id: int) -> Sequence:
         """Cancel a sequence wherever it is; its blocks (GPU or CPU) are freed now."""
         seq = self._live.get(seq_id)
@@ -315,7 +315,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    # %% chapters/10_scheduler.md:660
+    # %% chapters/10_scheduler.md § One step
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks and reserve their blocks; run them, then commit."""
         self.step_count += 1
@@ -362,7 +362,7 @@ class Scheduler:
             num_decode_tokens=total - prefill, num_preempted=len(out.preempted),
             kv_utilization=used / self.num_total_blocks)
 
-    # %% chapters/10_scheduler.md:730
+    # %% chapters/10_scheduler.md § Decodes, and preemption
     def _schedule_running(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self._decode_step(out, budget):
             return
@@ -405,7 +405,7 @@ class Scheduler:
         budget[1] += need
         return True
 
-    # %% chapters/10_scheduler.md:782
+    # %% chapters/10_scheduler.md § Decodes, and preemption
     def select_victim(self, candidates: list[Sequence]) -> Sequence:
         """The running sequence that gives its blocks back so ``candidates[0]`` can run.
 
@@ -427,7 +427,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:819
+    # %% chapters/10_scheduler.md § Admission
     def _seats(self, seq: Sequence) -> int:
         """Running seats ``seq`` holds once it samples: ``n`` for a request's first sequence
         before its first token (its siblings fork then), else 1."""
@@ -469,7 +469,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:877
+    # %% chapters/10_scheduler.md § After the forward
     def commit(self, out: SchedulerOutput, sampled: dict[int, int],
                eos_token_id: int | None = None,
                forks: list[tuple[Sequence, Sequence, int]] = (),
@@ -502,7 +502,7 @@ class Scheduler:
             events.append((child, token))
         return self._append_tokens(events, eos_token_id, now)
 
-    # %% chapters/10_scheduler.md:918
+    # %% chapters/10_scheduler.md § After the forward
     def _append_tokens(self, events: list[tuple[Sequence, int]],
                        eos_token_id: int | None, now: float) -> list[Sequence]:
         append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
@@ -530,7 +530,7 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/10_scheduler.md:950
+    # %% chapters/10_scheduler.md § After the forward
     def abort_step(self, out: SchedulerOutput) -> None:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
@@ -545,7 +545,7 @@ class Scheduler:
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    # %% chapters/10_scheduler.md:972
+    # %% chapters/10_scheduler.md § After the forward
     def _stop_reason(self, seq: Sequence, token: int,
                      eos_token_id: int | None) -> SequenceStatus | None:
         params = seq.params
@@ -587,7 +587,7 @@ class Scheduler:
         assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
         assert self.manager.invariants_ok(), self.manager.first_inconsistency()
 
-    # %% chapters/10_scheduler.md:1154
+    # %% chapters/10_scheduler.md § Addition: preemption by swap
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
         if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
@@ -617,7 +617,7 @@ class Scheduler:
             budget[0] -= n
             budget[1] += self._need(seq, n)
 
-    # %% chapters/10_scheduler.md:1312
+    # %% chapters/10_scheduler.md § Addition: prefix-cache hits
     def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
         a step: admission counts with them and attaches them)."""

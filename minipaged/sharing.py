@@ -1,7 +1,7 @@
 # GENERATED from chapters/05_sharing.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/05_sharing.md:130
+# %% chapters/05_sharing.md § Reference counts and fork
 """Shared blocks: reference counts, fork, copy-on-write, swapping to a CPU pool,
 debugging aids."""
 
@@ -42,7 +42,7 @@ class BlockEvent(NamedTuple):
     detail: str = ""
 
 
-# %% chapters/05_sharing.md:179
+# %% chapters/05_sharing.md § Reference counts and fork
 class SharingBlockManager(KVBlockManager):
     """A ``KVBlockManager`` whose blocks can be shared between sequences.
 
@@ -98,7 +98,7 @@ class SharingBlockManager(KVBlockManager):
         super()._untake_block(block)
         self._log("untake", None, block)
 
-    # %% chapters/05_sharing.md:246
+    # %% chapters/05_sharing.md § Reference counts and fork
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Start ``child_id`` as a copy of ``parent_id``, sharing every block (no copy)."""
         self._check_no_step(f"fork {parent_id!r}")
@@ -112,7 +112,7 @@ class SharingBlockManager(KVBlockManager):
         self._seqs[child_id] = child
         self._released.pop(child_id, None)
 
-    # %% chapters/05_sharing.md:271
+    # %% chapters/05_sharing.md § Reference counts and fork
     def first_inconsistency(self) -> str | None:
         """Reconcile tables, reference counts, free lists of both pools and the table array;
         name the first bad block (None: all consistent)."""
@@ -161,7 +161,7 @@ class SharingBlockManager(KVBlockManager):
         extra = set(places) - set(range(self.num_cpu_blocks))
         return f"CPU block {min(extra)} is outside the CPU pool" if extra else None
 
-    # %% chapters/05_sharing.md:361
+    # %% chapters/05_sharing.md § Copy-on-write
     def _shared_partial_block(self, state: SequenceState, position: int) -> int | None:
         """Table index of the block token ``position`` writes into, if it is shared."""
         if position % self.block_size == 0:
@@ -213,7 +213,7 @@ class SharingBlockManager(KVBlockManager):
         self._log("ref", state.seq_id, src, f"copy to block {dst} undone")
         self._untake_block(dst)
 
-    # %% chapters/05_sharing.md:526
+    # %% chapters/05_sharing.md § Sentinels through the copies
     def block_owners(self) -> dict[int, list[Hashable]]:
         """GPU block -> the sequences whose tables hold it (only allocated blocks)."""
         owners: dict[int, list[Hashable]] = {}
@@ -233,7 +233,7 @@ class SharingBlockManager(KVBlockManager):
                 filled[block] = max(filled.get(block, 0), min(bs, tokens - j * bs))
         return sum(bs - f for f in filled.values())
 
-    # %% chapters/05_sharing.md:777
+    # %% chapters/05_sharing.md § Swapping at block granularity
     def _state(self, seq_id: Hashable) -> SequenceState:
         if seq_id in self._swapped:
             hint = ("it is swapped out to the CPU pool: swap_in() it first, "
@@ -263,7 +263,7 @@ class SharingBlockManager(KVBlockManager):
         """Whether ``seq_id`` is parked in the CPU pool (not usable until ``swap_in``)."""
         return seq_id in self._swapped
 
-    # %% chapters/05_sharing.md:818
+    # %% chapters/05_sharing.md § Swapping at block granularity
     def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the CPU pool. Returns (gpu_block, cpu_block) copies,
         which the cache must run before any of those GPU blocks is written again (before the
@@ -314,7 +314,7 @@ class SharingBlockManager(KVBlockManager):
             self._cpu_free.push(cpu_block)
         self._released[seq_id] = None
 
-    # %% chapters/05_sharing.md:923
+    # %% chapters/05_sharing.md § Debugging aids
     def history(self, seq_id: Hashable) -> list[BlockEvent]:
         """The logged events of one sequence, oldest first."""
         return [e for e in self.events if e.seq_id == seq_id]
@@ -371,7 +371,7 @@ class SharingBlockManager(KVBlockManager):
                         + f"the log says {tables.get(seq_id)}")
         return None
 
-    # %% chapters/05_sharing.md:1259
+    # %% chapters/05_sharing.md § Making it fast
     def _new_blocks_for_step(self, states: list[SequenceState],
                              counts: list[int]) -> list[int]:
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
@@ -396,7 +396,7 @@ class SharingBlockManager(KVBlockManager):
         return needed.tolist()
 
 
-# %% chapters/05_sharing.md:578
+# %% chapters/05_sharing.md § How much does sharing save?
 def _replay(make_manager: Callable[[], SharingBlockManager], requests: Sequence,
             step_fn: Callable[[SharingBlockManager, object], Iterable[list[int]]],
             ) -> float:
@@ -440,7 +440,7 @@ def parallel_sampling_savings(requests: Sequence, n: int,
                    requests, steps)
 
 
-# %% chapters/05_sharing.md:624
+# %% chapters/05_sharing.md § How much does sharing save?
 def beam_search_savings(requests: Sequence, width: int, block_size: int = 16,
                         alpha: float = 1.0, seed: int = 0) -> float:
     """Share of KV blocks saved by sharing among ``width`` beams, over all decode steps.

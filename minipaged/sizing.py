@@ -1,7 +1,7 @@
 # GENERATED from chapters/01_kv_sizing.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/01_kv_sizing.md:105
+# %% chapters/01_kv_sizing.md § The formula in code
 """KV-cache sizing: bytes per token, per request, per block, and what fits a budget."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.4g} {unit}"
 
 
-# %% chapters/01_kv_sizing.md:190
+# %% chapters/01_kv_sizing.md § Reading it off a model's config
 @dataclass(frozen=True)
 class KVShape:
     """What the KV cache of a model depends on."""
@@ -105,7 +105,7 @@ def kv_bytes_per_token_from_config(config, dtype_bytes: int | None = None) -> in
     return kv_shape_from_config(config, dtype_bytes).bytes_per_token
 
 
-# %% chapters/01_kv_sizing.md:273
+# %% chapters/01_kv_sizing.md § Reading it off a model's config
 def reference_configs() -> dict:
     """Configs (no download) of the models this course sizes.
 
@@ -131,7 +131,7 @@ def reference_configs() -> dict:
     }
 
 
-# %% chapters/01_kv_sizing.md:348
+# %% chapters/01_kv_sizing.md § Against the weights
 def parameter_count(config) -> int:
     """Exact parameter count of the model a config describes, allocating nothing."""
     from transformers import AutoModelForCausalLM
@@ -141,7 +141,7 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# %% chapters/01_kv_sizing.md:493
+# %% chapters/01_kv_sizing.md § From tokens to blocks
 def block_bytes(bytes_per_token: int, block_size: int) -> int:
     """Bytes of one cache block (``block_size`` tokens) across all layers."""
     return (_positive_int("bytes_per_token", bytes_per_token)

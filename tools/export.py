@@ -5,19 +5,32 @@ A chapter's front matter names the module it owns::
     minipaged:
       module: sizing
 
+Every name in a module's ``__all__`` is importable from ``minipaged.<module>``. The top-level
+namespace is kept small: only the names a chapter lists under ``api`` beside ``module`` (each one
+in that module's ``__all__``) are also ``minipaged.<Name>``::
+
+    minipaged:
+      module: block_manager
+      api: [KVBlockManager, NoFreeBlocksError]
+
 A later chapter that builds a better version of a public name (a faster ``LLM``) says so with
 ``supersedes: [LLM]`` beside ``module``: the top-level ``minipaged.LLM`` then points at the later
 chapter's class, and the earlier one stays importable from its own module. Any other name exported
 by two chapters is an error.
 
 Every code cell tagged ``export`` is appended, in order, to ``minipaged/<module>.py``, after a
-one-line marker (``# %% chapters/NN_name.md:LINE``) that leads a traceback back to the chapter.
+one-line marker that leads a traceback back to the chapter and the section the cell sits under
+(``# %% chapters/NN_name.md § Section heading``): no line number, so moving prose around does not
+change the package.
 
 A class may grow across cells, with prose between them. A continued cell holds only functions, each
 decorated with ``@add_to_class(ClassName)`` (from ``minipaged.runtime``): in the notebook the
 decorator attaches the function to the class, and in the generated module the exporter drops the
 decorator and moves the function into the body of ``class ClassName`` (defined by an earlier export
-cell of the same chapter), so the module reads as one ordinary class.
+cell of the same chapter), so the module reads as one ordinary class. Methods keep chapter order,
+except the constructors (``__new__``, ``__init__``, ``__post_init__``): a continued cell's
+constructor goes to the top of the class, after its docstring and class-level attributes, as it
+would in hand-written code.
 
 The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, and a
 first cell that installs the package from the repository when (and only when) it runs on Colab.
@@ -32,6 +45,7 @@ import argparse
 import ast
 import copy
 import difflib
+import re
 import sys
 from pathlib import Path
 
@@ -44,6 +58,7 @@ PACKAGE = ROOT / "minipaged"
 NOTEBOOKS = ROOT / "notebooks"
 EXPORT_TAG = "export"
 CONTINUE_DECORATOR = "add_to_class"
+CONSTRUCTORS = ("__new__", "__init__", "__post_init__")  # first in a class, whatever the cell order
 
 COLAB_CELL = '''\
 # Colab set-up: on Google Colab this clones the course repository (the package, and the recorded
@@ -126,34 +141,157 @@ def _refuse_multiline_strings(source: str) -> None:
             )
 
 
-def _method_lines(source: str) -> list[str]:
-    """A continued cell's functions as class-body lines: the decorator dropped, indented once."""
+def _methods(source: str) -> list[tuple[str, list[str]]]:
+    """A continued cell's functions as (name, class-body lines): each function with the comments
+    and blank lines above it, its ``@add_to_class`` decorator dropped, indented once."""
     _refuse_multiline_strings(source)
     lines = source.split("\n")
-    drop = set()
-    for node in ast.parse(source).body:
+    nodes = ast.parse(source).body
+    methods, start = [], 0
+    for i, node in enumerate(nodes):
+        end = len(lines) if i == len(nodes) - 1 else node.end_lineno
         decorator = node.decorator_list[0]
-        drop.update(range(decorator.lineno - 1, decorator.end_lineno))
-    return [("    " + line) if line.strip() else "" for i, line in enumerate(lines) if i not in drop]
+        drop = range(decorator.lineno - 1, decorator.end_lineno)
+        methods.append((node.name, [("    " + line) if line.strip() else ""
+                                    for j, line in enumerate(lines[start:end], start)
+                                    if j not in drop]))
+        start = end
+    return methods
+
+
+def _trimmed(lines: list[str]) -> list[str]:
+    """``lines`` without the blank lines that lead or trail them."""
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    last = next((i for i in range(len(lines), 0, -1) if lines[i - 1].strip()), first)
+    return lines[first:last]
+
+
+def _is_class_attribute(node: ast.stmt) -> bool:
+    """A docstring (of the class or of an attribute) or a class-level (annotated) assignment."""
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    return isinstance(node, (ast.Assign, ast.AnnAssign))
+
+
+def _constructor_at(node: ast.ClassDef, lines: list[str]) -> tuple[int, bool]:
+    """Where a moved constructor goes in ``class node``: (index in ``lines``, whether it follows
+    a statement of the class body, as opposed to leading it). After the docstring, class-level
+    attributes and the constructors already at the top, so several keep their chapter order."""
+    after = None
+    for item in node.body:
+        is_constructor = (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and item.name in CONSTRUCTORS)
+        if not (_is_class_attribute(item) or is_constructor):
+            break
+        after = item.end_lineno
+    if after is not None:
+        return after, True
+    first = node.body[0]
+    at = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])]) - 1
+    while at - 1 >= node.lineno and lines[at - 1].strip().startswith("#"):
+        at -= 1  # the comments above the first method stay with it
+    return at, False
 
 
 def _add_to_class(blocks: list[str], name: str, marker: str, source: str) -> None:
-    """Insert a continued cell's functions at the end of ``class name`` in the blocks so far."""
+    """Insert a continued cell's functions into ``class name`` in the blocks so far: the
+    constructors at the top of the class, the other functions at its end, each with the marker."""
+    methods = _methods(source)
     for index in range(len(blocks) - 1, -1, -1):
         for node in ast.parse(blocks[index]).body:
             if isinstance(node, ast.ClassDef) and node.name == name:
-                lines = blocks[index].split("\n")
-                end = node.end_lineno
-                lines[end:end] = ["", "    " + marker, *_method_lines(source)]
-                blocks[index] = "\n".join(lines)
-                return
+                break
+        else:
+            continue
+        defined = {item.name for item in node.body
+                   if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        rest = [lines for method, lines in methods if method not in CONSTRUCTORS]
+        lines = blocks[index].split("\n")
+        if rest:
+            end = node.end_lineno
+            lines[end:end] = ["", "    " + marker, *_trimmed([line for r in rest for line in r])]
+        for method, body in methods:
+            if method not in CONSTRUCTORS:
+                continue
+            if method in defined:
+                raise ValueError(
+                    f"@{CONTINUE_DECORATOR}({name}) defines {method} again: class {name} already "
+                    f"has one; give the class one {method}"
+                )
+            node = next(n for n in ast.parse("\n".join(lines)).body
+                        if isinstance(n, ast.ClassDef) and n.name == name)
+            at, follows = _constructor_at(node, lines)
+            moved = ["    " + marker, *_trimmed(body)]
+            lines[at:at] = ["", *moved] if follows else [*moved, ""]
+            defined.add(method)
+        blocks[index] = "\n".join(lines)
+        return
     raise ValueError(
         f"@{CONTINUE_DECORATOR}({name}): no earlier export cell of this chapter defines class {name}"
     )
 
 
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})")
+_HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
+
+
+def _plain(heading: str) -> str:
+    """A heading's text without Markdown/MyST markup: roles, code, links, emphasis, math."""
+    heading = re.sub(r"\{[^}`]+\}`([^`]*)`", r"\1", heading)  # {role}`text`
+    parts = re.split(r"(`+)(.*?)\1", heading)  # text, ticks, code, ticks, code, ..., text
+    plain = []
+    for i, part in enumerate(parts):
+        if i % 3 == 1:
+            continue
+        if i % 3 == 0:
+            part = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", part)  # [text](target)
+            part = re.sub(r"\{#[^}]*\}", "", part)  # {#anchor}
+            part = re.sub(r"(\*\*|__|\*|(?<!\w)_(?=\S)|(?<=\S)_(?!\w)|\$)", "", part)
+            part = re.sub(r"\\(.)", r"\1", part)  # \* -> *
+        plain.append(part)
+    return " ".join("".join(plain).split())
+
+
+def _headings(markdown: str) -> list[str]:
+    """The plain text of a Markdown cell's headings, in order (lines in fenced blocks skipped)."""
+    found, fence = [], None
+    for line in markdown.split("\n"):
+        opened = _FENCE.match(line)
+        if opened:
+            mark = opened.group(1)
+            if fence is None:
+                fence = mark
+            elif mark[0] == fence[0] and len(mark) >= len(fence) and not line.strip()[len(mark):]:
+                fence = None
+            continue
+        heading = _HEADING.match(line) if fence is None else None
+        text = _plain(heading.group(2)) if heading else ""
+        if text:
+            found.append(text)
+    return found
+
+
+def exported_cells(notebook) -> list[tuple[str, str | None, str | None]]:
+    """Each cell tagged ``export``, in order: (its code, the heading of the section it is in,
+    the module it goes to)."""
+    default = (notebook.metadata.get("minipaged") or {}).get("module")
+    cells, section = [], None
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            section = ([section] + _headings(cell.source))[-1]
+        elif cell.cell_type == "code" and EXPORT_TAG in cell.metadata.get("tags", []):
+            module = cell_module(cell.metadata.get("tags", []), default)
+            cells.append((cell.source.strip("\n"), section, module))
+    return cells
+
+
+def marker(rel: str, section: str | None) -> str:
+    """The comment above an exported cell: the chapter file and the section, never a line."""
+    return f"# %% {rel} § {section}" if section else f"# %% {rel}"
+
+
 def _cell_lines(chapter: Path, sources: list[str]) -> list[int]:
-    """The line of the chapter file where each exported cell's code starts (for the markers)."""
+    """The line of the chapter file where each exported cell's code starts (for error messages)."""
     text = chapter.read_text()
     found, position = [], 0
     for source in sources:
@@ -179,33 +317,30 @@ def export_modules(chapter: Path, notebook) -> list[tuple[str, str]]:
     """(module name, module source) for each module a chapter exports to, in first-use order.
 
     A chapter's cells go to the module its front matter names; a cell tagged ``module=NAME``
-    goes to ``minipaged/NAME.py`` instead (a chapter may own several modules).
+    as well as ``export`` goes to ``minipaged/NAME.py`` instead (a chapter may own several
+    modules, one role each).
     """
     default = (notebook.metadata.get("minipaged") or {}).get("module")
-    cells = [
-        (c.source.strip("\n"), cell_module(c.metadata.get("tags", []), default))
-        for c in notebook.cells
-        if c.cell_type == "code" and EXPORT_TAG in c.metadata.get("tags", [])
-    ]
+    cells = exported_cells(notebook)
     if not cells:
         return []
-    if any(module is None for _, module in cells):
+    if any(module is None for _, _, module in cells):
         raise SystemExit(
             f"{chapter.name}: has cells tagged '{EXPORT_TAG}' but its front matter does not name a "
             "module (add `minipaged: {module: NAME}`)"
         )
     rel = chapter.relative_to(ROOT).as_posix()
     blocks: dict[str, list[str]] = {}
-    sources = [source for source, _ in cells]
-    for (source, module), line in zip(cells, _cell_lines(chapter, sources)):
-        marker = f"# %% {rel}:{line}"
+    sources = [source for source, _, _ in cells]
+    for (source, section, module), line in zip(cells, _cell_lines(chapter, sources)):
+        mark = marker(rel, section)
         module_blocks = blocks.setdefault(module, [])
         try:
             target = extended_class(source)
             if target is None:
-                module_blocks.append(f"{marker}\n{source}")
+                module_blocks.append(f"{mark}\n{source}")
             else:
-                _add_to_class(module_blocks, target, marker, source)
+                _add_to_class(module_blocks, target, mark, source)
         except (SyntaxError, ValueError) as error:
             raise SystemExit(f"{rel}:{line}: {error}") from None
     return [(module, header(chapter) + "\n" + "\n\n\n".join(module_blocks) + "\n")
@@ -250,28 +385,21 @@ def public_names(source: str) -> list[str]:
     return found[0] if found else []
 
 
-def package_init(modules: list[tuple[str, str, Path, list[str]]]) -> str:
-    lines = [
-        "# GENERATED by tools/export.py from every chapter's `__all__` -- DO NOT EDIT.",
-        '"""minipaged: a paged KV cache for LLM serving, built chapter by chapter.',
-        "",
-        "Public names load lazily, so `import minipaged` stays cheap and a chapter's module is only",
-        "imported when one of its names is used. The one exception is `minipaged.runtime`, imported",
-        "at once: on a machine without a GPU it switches Triton to its interpreter before any kernel",
-        'is defined (chapter 0)."""',
-        "",
-        "from importlib import import_module as _import_module",
-        "",
-    ]
-    if any(module == "runtime" for module, *_ in modules):
-        lines += ["from . import runtime as _runtime  # noqa: F401  (first: the CPU/GPU switch)", ""]
-    lines += [
-        '__version__ = "0.1.0"',
-        "",
-        "_PUBLIC = {",
-    ]
+def _names(chapter: Path, settings: dict, key: str) -> list[str]:
+    """The list of names under ``minipaged: {key: [...]}`` in a chapter's front matter."""
+    names = settings.get(key) or []
+    if not (isinstance(names, list)
+            and all(isinstance(n, str) and n.isidentifier() for n in names)):
+        raise SystemExit(f"{chapter.name}: `{key}:` must be a list of names, like [Name, other]")
+    return names
+
+
+def package_init(modules: list[tuple[str, str, Path, list[str], list[str]]]) -> str:
+    """``minipaged/__init__.py``: the chapters' ``api`` names, each from the last chapter that
+    exports it (``supersedes``), loaded lazily; every other exported name stays in its module."""
     owner: dict[str, str] = {}
-    for module, source, chapter, supersedes in modules:
+    api: list[str] = []
+    for module, source, chapter, supersedes, chapter_api in modules:
         try:
             public = public_names(source)
         except ValueError as error:
@@ -289,18 +417,55 @@ def package_init(modules: list[tuple[str, str, Path, list[str]]]) -> str:
                     "give the later class its own name, or list it under `supersedes:`"
                 )
             owner[name] = module
-    names = list(owner)
-    for name, module in owner.items():
-        lines.append(f'    "{name}": "{module}",')
+        for name in chapter_api:
+            if name not in public:
+                raise SystemExit(
+                    f"{chapter.name}: `api:` lists {name!r}, which minipaged/{module}.py does not "
+                    "export; add it to the module's __all__, or take it off `api:`"
+                )
+            if name not in api:
+                api.append(name)
+    lines = [
+        "# GENERATED by tools/export.py from the chapters' `api:` lists -- DO NOT EDIT.",
+        '"""minipaged: a paged KV cache for LLM serving, built chapter by chapter.',
+        "",
+        "The top level holds the serving and core API, the names the chapters list under `api:`",
+        "in their front matter (`minipaged.LLM` is the book's best engine). Everything else a",
+        "chapter exports is imported from its module: `from minipaged.sizing import KVShape`.",
+        "",
+        "Public names load lazily, so `import minipaged` stays cheap and a chapter's module is only",
+        "imported when one of its names is used. The one exception is `minipaged.runtime`, imported",
+        "at once: on a machine without a GPU it switches Triton to its interpreter before any kernel",
+        'is defined (chapter 0)."""',
+        "",
+        "from importlib import import_module as _import_module",
+        "",
+    ]
+    if any(module == "runtime" for module, *_ in modules):
+        lines += ["from . import runtime as _runtime  # noqa: F401  (first: the CPU/GPU switch)", ""]
     lines += [
+        '__version__ = "0.1.0"',
+        "",
+        "_PUBLIC = {",
+        *(f'    "{name}": "{owner[name]}",' for name in api),
         "}",
         "",
-        f"__all__ = {sorted(names)!r}",
+        f"__all__ = {sorted(api)!r}",
+        "",
+        "# The other exported names, only to say where to import them from.",
+        "_ELSEWHERE = {",
+        *(f'    "{name}": "{module}",' for name, module in owner.items() if name not in api),
+        "}",
         "",
         "",
         "def __getattr__(name):",
         "    if name in _PUBLIC:",
         '        return getattr(_import_module(f"minipaged.{_PUBLIC[name]}"), name)',
+        "    if name in _ELSEWHERE:",
+        "        raise AttributeError(",
+        "            f\"minipaged.{name} is not a top-level name: \"",
+        "            f\"from minipaged.{_ELSEWHERE[name]} import {name}\"",
+        "        )",
         '    raise AttributeError(f"module \'minipaged\' has no attribute {name!r}")',
         "",
         "",
@@ -311,23 +476,44 @@ def package_init(modules: list[tuple[str, str, Path, list[str]]]) -> str:
     return "\n".join(lines)
 
 
+def _public_or_none(source: str) -> list[str]:
+    try:
+        return public_names(source)
+    except ValueError:
+        return []  # package_init reports the bad __all__ with the chapter's name
+
+
 def expected_files() -> dict[Path, str]:
     url, branch = repository()
     files: dict[Path, str] = {}
-    modules: list[tuple[str, str, Path]] = []
+    modules: list[tuple[str, str, Path, list[str], list[str]]] = []
     owners: dict[str, Path] = {}
     for chapter in chapter_files():
         notebook = jupytext.read(chapter)
-        for module, source in export_modules(chapter, notebook):
+        settings = notebook.metadata.get("minipaged") or {}
+        supersedes, api = _names(chapter, settings, "supersedes"), _names(chapter, settings, "api")
+        exported = export_modules(chapter, notebook)
+        for module, source in exported:
             if module in owners:
                 raise SystemExit(
                     f"{chapter.name} and {owners[module].name} both export to minipaged/{module}.py: "
                     "one chapter owns one module"
                 )
             owners[module] = chapter
-            supersedes = list((notebook.metadata.get("minipaged") or {}).get("supersedes") or [])
-            modules.append((module, source, chapter, supersedes))
+            module_api = [name for name in api if name in _public_or_none(source)]
+            if len(exported) == 1:
+                module_api = api  # package_init names the module when a name is missing
+            modules.append((module, source, chapter, supersedes, module_api))
             files[PACKAGE / f"{module}.py"] = source
+        if len(exported) > 1:
+            missing = set(api) - {n for _, source in exported for n in _public_or_none(source)}
+            if missing:
+                raise SystemExit(
+                    f"{chapter.name}: `api:` lists {sorted(missing)}, which none of its modules "
+                    "exports; add them to a module's __all__, or take them off `api:`"
+                )
+        if not exported and (api or supersedes):
+            raise SystemExit(f"{chapter.name}: lists `api:` or `supersedes:` but exports nothing")
         files[NOTEBOOKS / f"{chapter.stem}.ipynb"] = colab_twin(notebook, url, branch)
     files[PACKAGE / "__init__.py"] = package_init(modules)
     return files
