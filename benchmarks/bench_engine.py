@@ -5,7 +5,8 @@
 Workload (the course's benchmark): 256 requests, prompt lengths uniform in 100-1024 tokens, 512 new
 tokens each, EOS ignored, greedy. Paths, measured in one process on one model:
 
-- ``minipaged``: ``minipaged.LLM(model).generate(...)``
+- ``minipaged``: chapter 11's ``minipaged.engine.LLMEngine(model).generate(...)`` (chapter 13's
+  ``minipaged.LLM`` is measured by bench_fast_engine.py)
 - ``hf_generate_batch``: transformers' continuous batching, ``model.generate_batch`` with
   ``attn_implementation="paged|sdpa"``
 - ``hf_generate_padded``: ``model.generate`` on left-padded batches of 64
@@ -93,10 +94,10 @@ def memory_row() -> dict:
 
 def run_minipaged(model, prompts, max_tokens, args):
     from minipaged import SamplingParams
-    from minipaged.engine import LLM  # chapter 11's engine: chapter 13 measures its own
+    from minipaged.engine import LLMEngine  # chapter 11's engine: chapter 13 measures its own
 
     allocated_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-    llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
+    llm = LLMEngine(model, block_size=16, max_num_seqs=args.max_num_seqs)
     if args.output_lens == "uniform":  # nano-vllm's workload: output lengths uniform in 100-1024
         rng = random.Random(1)
         params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(100, 1024), ignore_eos=True)
@@ -130,8 +131,10 @@ def run_minipaged(model, prompts, max_tokens, args):
 
 
 def roofline(config, llm, stats, seconds):
-    """Lower bound on time: every step reads all weights once plus the KV of every running token."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model_parameters())
+    """Lower bound on time: every step reads all weights once plus the KV of every running token.
+
+    ``llm``: an ``LLMEngine`` or the ``minipaged.LLM`` front end (both have ``model`` and ``cache``)."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
     kv_per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
                                       config.head_dim, llm.cache.storage.element_size())
     steps = stats.get("steps", 0)
@@ -149,9 +152,10 @@ def set_attention(model, name):
 
 
 def check_parity(device) -> dict:
-    """Greedy minipaged == transformers generate(do_sample=False), fp32, before any timing."""
+    """Greedy minipaged (chapter 11's ``LLMEngine``) == transformers generate(do_sample=False),
+    fp32, before any timing."""
     from minipaged import SamplingParams
-    from minipaged.engine import LLM
+    from minipaged.engine import LLMEngine
     from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, reference_greedy
 
     config = qwen3_0_6b_config(tie_word_embeddings=False, initializer_range=0.2, num_hidden_layers=4)
@@ -163,7 +167,7 @@ def check_parity(device) -> dict:
     for name, kw in (("graphs", {}), ("eager", {"enable_cuda_graphs": False}),
                      ("preempt_recompute", {"num_blocks": 120, "block_size": 4}),
                      ("preempt_swap", {"num_blocks": 120, "block_size": 4, "preemption_mode": "swap"})):
-        llm = LLM(hf, num_blocks=kw.pop("num_blocks", 4096), check_invariants=True, **kw)
+        llm = LLMEngine(hf, num_blocks=kw.pop("num_blocks", 4096), check_invariants=True, **kw)
         got = [o.outputs[0].token_ids for o in llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)]
         rows[name] = {"identical": got == reference,

@@ -5,7 +5,7 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-from minipaged.engine import LLM
+from minipaged.sampler import Sampler
 
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:
@@ -34,9 +34,10 @@ def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
                               "(edit exercises/ch11_engine.py, apply_repetition_penalty)")
 
 
-class PenalizedLLM(LLM):
-    """Exercise 11.4: ``LLM`` with a repetition penalty applied before every draw."""
+class PenalizedSampler(Sampler):
+    """Exercise 11.4: chapter 11's sampling part, with a repetition penalty applied before
+    every draw."""
 
-    def __init__(self, model, *, repetition_penalty: float = 1.0, **kwargs) -> None:
-        raise NotImplementedError("Exercise 11.4: build an LLM that penalises repeats when "
-                                  "it samples (edit exercises/ch11_engine.py, PenalizedLLM)")
+    def __init__(self, device, repetition_penalty: float = 1.0) -> None:
+        raise NotImplementedError("Exercise 11.4: build a sampler that penalises repeats "
+                                  "(edit exercises/ch11_engine.py, PenalizedSampler)")

@@ -2,7 +2,7 @@
 
 import torch
 
-from minipaged.engine import LLM
+from minipaged.sampler import Sampler
 
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:
@@ -48,16 +48,16 @@ def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
     return out
 
 
-class PenalizedLLM(LLM):
-    """Exercise 11.4: ``LLM`` with a repetition penalty applied before every draw."""
+class PenalizedSampler(Sampler):
+    """Exercise 11.4: chapter 11's sampling part, with a repetition penalty applied before
+    every draw."""
 
-    def __init__(self, model, *, repetition_penalty: float = 1.0, **kwargs) -> None:
-        super().__init__(model, **kwargs)
+    def __init__(self, device, repetition_penalty: float = 1.0) -> None:
+        super().__init__(device)
         self.repetition_penalty = repetition_penalty
 
-    def _sample(self, logits, samplers) -> list:
-        if samplers and self.repetition_penalty != 1.0:
-            seqs = [child or seq for seq, child in samplers]
+    def __call__(self, logits: torch.Tensor, seqs) -> torch.Tensor:
+        if seqs and self.repetition_penalty != 1.0:
             histories = [s.prompt_token_ids + s.output_token_ids for s in seqs]
             logits = apply_repetition_penalty(logits, histories, self.repetition_penalty)
-        return super()._sample(logits, samplers)
+        return super().__call__(logits, seqs)

@@ -7,8 +7,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minipaged.fast_engine
-from minipaged.engine import LLM, InvalidRequestError
+import minipaged.llm
+from minipaged.engine import InvalidRequestError, LLMEngine
 from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
 
@@ -26,7 +26,7 @@ def setup():
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
-ENGINES = pytest.mark.parametrize("engine", [LLM, minipaged.fast_engine.LLM],
+ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.llm.LLM],
                                   ids=["chapter 11", "chapter 13"])
 
 
@@ -69,7 +69,7 @@ def test_tiny_cache_preempts_and_outputs_do_not_change(setup, mode, engine):
 
 def test_cancellations_mid_run(setup):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, max_num_seqs=2, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, max_num_seqs=2, check_invariants=True)
     ids = [llm.add_request(p, GREEDY) for p in prompts]
     llm.step()
     llm.step()
@@ -91,7 +91,7 @@ def test_cancellations_mid_run(setup):
 
 def test_too_long_prompt_is_refused_alone(setup):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, check_invariants=True)
     too_long = [1] * (hf.config.max_position_embeddings + 1)
     outputs = llm.generate([prompts[0], too_long, prompts[1]], GREEDY, use_tqdm=False)
     assert "max_model_len" in outputs[1].error and outputs[1].outputs == []
@@ -101,7 +101,7 @@ def test_too_long_prompt_is_refused_alone(setup):
 
 def test_failed_forward_leaves_no_trace(setup, monkeypatch):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, check_invariants=True)
     for p in prompts:
         llm.add_request(p, GREEDY)
     llm.step()
@@ -122,7 +122,7 @@ def test_failed_forward_leaves_no_trace(setup, monkeypatch):
 def test_parallel_sampling_is_seeded_and_shares_blocks(setup):
     hf, prompts, _ = setup
     params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=NEW, ignore_eos=True)
-    llm = LLM(hf, block_size=4, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, check_invariants=True)
     first = llm.generate([prompts[2]], params, use_tqdm=False)[0]
     again = llm.generate([prompts[0], prompts[2]], [GREEDY, params], use_tqdm=False)[1]
     samples = [o.token_ids for o in first.outputs]
@@ -135,7 +135,7 @@ def test_parallel_sampling_is_seeded_and_shares_blocks(setup):
 def test_text_prompts_need_a_tokenizer(setup):
     hf, _, _ = setup
     with pytest.raises(TypeError, match="tokenizer"):
-        LLM(hf).generate("hello", GREEDY, use_tqdm=False)
+        LLMEngine(hf).generate("hello", GREEDY, use_tqdm=False)
 
 
 def test_text_prompts_and_text_outputs_with_a_tokenizer(setup):
@@ -147,7 +147,7 @@ def test_text_prompts_and_text_outputs_with_a_tokenizer(setup):
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.decoder = decoders.WordPiece()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w511", eos_token="w0")
-    llm = LLM(hf, block_size=4, tokenizer=tokenizer)
+    llm = LLMEngine(hf, block_size=4, tokenizer=tokenizer)
     assert llm.eos_token_id == 0
     texts = ["w1 w2 w3", "w40 w41"]
     outputs = llm.generate(texts, GREEDY, use_tqdm=False)
@@ -160,7 +160,7 @@ def test_text_prompts_and_text_outputs_with_a_tokenizer(setup):
 
 def test_beam_search_equals_transformers(setup):
     hf, prompts, _ = setup
-    llm = LLM(hf, block_size=2)
+    llm = LLMEngine(hf, block_size=2)
     for prompt in prompts[:3]:
         ids = torch.tensor([prompt])
         theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), num_beams=3, do_sample=False,
@@ -176,7 +176,7 @@ def test_beam_search_equals_transformers(setup):
 
 def test_a_failed_beam_step_frees_every_block_and_the_engine_still_works(setup, monkeypatch):
     hf, prompts, _ = setup
-    llm = LLM(hf, block_size=2)
+    llm = LLMEngine(hf, block_size=2)
     good = llm.beam_search(prompts[1], beam_width=3, max_tokens=NEW)[0]
     original, calls = llm.model.forward, []
 
@@ -201,7 +201,7 @@ def test_the_engine_runs_from_the_reservation_alone(setup, monkeypatch):
     """Every step's block tables come with the scheduler's reservation: the engine never
     asks the block manager for them."""
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4)
+    llm = LLMEngine(hf, block_size=4)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the engine asked the manager for block tables")
@@ -213,7 +213,7 @@ def test_the_engine_runs_from_the_reservation_alone(setup, monkeypatch):
 
 def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4)
+    llm = LLMEngine(hf, block_size=4)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     stats = llm.last_run_stats()
     # one prefill step for every prompt, then NEW - 1 decode steps; decode step k reads L + k tokens
@@ -241,7 +241,7 @@ def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
 ])
 def test_bad_requests_raise_a_typed_error_and_queue_nothing(setup, prompt, params):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, check_invariants=True)
     with pytest.raises(InvalidRequestError):
         llm.add_request(prompt, params)
     with pytest.raises(InvalidRequestError):
@@ -252,7 +252,7 @@ def test_bad_requests_raise_a_typed_error_and_queue_nothing(setup, prompt, param
 
 def test_off_values_are_accepted(setup):
     hf, prompts, _ = setup
-    llm = LLM(hf, block_size=4)
+    llm = LLMEngine(hf, block_size=4)
     for params in (SamplingParams(top_k=-1, max_tokens=2), SamplingParams(top_k=0, max_tokens=2),
                    SamplingParams(seed=None, max_tokens=2)):
         out = llm.generate([prompts[0]], params, use_tqdm=False)[0]
@@ -261,19 +261,19 @@ def test_off_values_are_accepted(setup):
 
 def test_empty_prompt_is_refused_with_an_error(setup):
     hf, prompts, reference = setup
-    outputs = LLM(hf, block_size=4).generate([[], prompts[0]], GREEDY, use_tqdm=False)
+    outputs = LLMEngine(hf, block_size=4).generate([[], prompts[0]], GREEDY, use_tqdm=False)
     assert outputs[0].error and outputs[0].outputs == []
     assert outputs[1].outputs[0].token_ids == reference[0]
 
 
 def test_a_failed_step_aborts_the_call_and_frees_every_block(setup, monkeypatch):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, check_invariants=True)
     monkeypatch.setattr(llm.model, "forward",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert not llm.has_unfinished_requests() and not llm._requests
+    assert not llm.has_unfinished_requests() and not llm.requests
     assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
     monkeypatch.undo()
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
@@ -327,7 +327,7 @@ def test_random_good_and_bad_calls_leave_the_engine_as_new(engine_for_mixes, cal
 @pytest.fixture(scope="module")
 def engine_for_mixes(setup):
     hf, prompts, reference = setup
-    llm = LLM(hf, block_size=4, num_blocks=128, max_model_len=256, check_invariants=True)
+    llm = LLMEngine(hf, block_size=4, num_blocks=128, max_model_len=256, check_invariants=True)
     return llm, prompts[1], reference[1]
 
 

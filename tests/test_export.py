@@ -458,4 +458,4 @@ def test_the_package_top_level_is_small_and_every_name_resolves():
         assert value is getattr(module, name) and name in module.__all__
     from minipaged.block_manager import TeachingBlockManager  # a book helper: its module only
     assert TeachingBlockManager and "TeachingBlockManager" not in minipaged.__all__
-    assert minipaged.LLM is import_module("minipaged.fast_engine").LLM  # the book's best engine
+    assert minipaged.LLM is import_module("minipaged.llm").LLM  # the book's best engine

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 import minipaged
 import minipaged.fast_engine
-from minipaged.engine import LLM as EngineLLM
-from minipaged.fast_engine import (LLM, FastQwen3Model, PrefillPlan, add_rms_norm,
+from minipaged.engine import LLMEngine
+from minipaged.llm import LLM
+from minipaged.fast_engine import (FastQwen3Model, PrefillPlan, add_rms_norm,
                                    add_rms_norm_reference, fuse_linears, fused_weight_bytes,
                                    paged_prefill_attention, qk_norm_rope, qk_norm_rope_reference,
                                    reads_pool_directly, silu_mul, silu_mul_reference)
@@ -316,9 +317,17 @@ def tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_the_package_llm_is_the_fast_engine():
-    assert minipaged.LLM is minipaged.fast_engine.LLM is LLM
-    assert issubclass(LLM, EngineLLM) and LLM is not EngineLLM
+def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
+    from minipaged.fast_engine import FusedSampler, OverlapScheduler, OverlapStepLoop
+    from minipaged.llm import FAST_PARTS
+
+    assert minipaged.LLM is LLM and not issubclass(LLM, LLMEngine)
+    llm = LLM(setup[0], block_size=4)
+    engine = llm.llm_engine
+    assert type(engine) is LLMEngine and isinstance(engine.model, FastQwen3Model)
+    assert type(engine.runner.sampler) is FusedSampler
+    assert type(engine.scheduler) is OverlapScheduler and type(engine.loop) is OverlapStepLoop
+    assert sorted(FAST_PARTS.cache_formats) == ["auto", "fp8"]
 
 
 # Greedy parity with prefix caching on and off, prefix hits and preemption by recompute and
@@ -341,17 +350,18 @@ def test_a_step_of_decodes_and_prefill_chunks_is_one_forward_with_paged_prefill(
     assert llm.scheduler.config.enable_chunked_prefill            # the fast engine's default
     forwards, mixed = [], []
     hook = llm.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
-    groups = llm._groups
-    monkeypatch.setattr(llm, "_groups", lambda chunks: mixed.append(
+    runner = llm.llm_engine.runner
+    groups = runner.groups
+    monkeypatch.setattr(runner, "groups", lambda chunks: mixed.append(
         len({c.num_tokens == 1 for c in chunks}) == 2) or groups(chunks))
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
     hook.remove()
     steps = llm.last_run_stats()["steps"]
     assert sum(mixed) > 0                                          # steps did mix both kinds
     assert len(forwards) == (steps if paged_prefill else steps + sum(mixed))
-    assert EngineLLM(hf, block_size=4, enable_chunked_prefill=True
+    assert LLMEngine(hf, block_size=4, enable_chunked_prefill=True
                      ).scheduler.config.enable_chunked_prefill
-    assert not EngineLLM(hf, block_size=4).scheduler.config.enable_chunked_prefill
+    assert not LLMEngine(hf, block_size=4).scheduler.config.enable_chunked_prefill
 
 
 def test_fast_engine_cancellations_mid_run(setup):
@@ -444,7 +454,7 @@ def test_bench_fast_engine_workloads():
 def test_fast_engine_beam_search_and_top_p_sampling_match_chapter_11(setup):
     """Beam search and a top-p request go through chapter 11's code: the same tokens."""
     hf, prompts, _ = setup
-    fast, base = LLM(hf, block_size=2), EngineLLM(hf, block_size=2)
+    fast, base = LLM(hf, block_size=2), LLMEngine(hf, block_size=2)
     ours, theirs = (e.beam_search(prompts[1], beam_width=3, max_tokens=4)[0] for e in (fast, base))
     assert ours.sequences == theirs.sequences and ours.num_cow_copies == theirs.num_cow_copies
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=5, max_tokens=4,
@@ -457,7 +467,9 @@ def test_fused_sampling_seeded_requests_ignore_the_batch(setup, monkeypatch):
     """A seeded request draws the same tokens alone and beside other requests (seeded,
     unseeded, greedy), through sample_fused and never chapter 11's sampler."""
     hf, prompts, _ = setup
-    monkeypatch.setattr(minipaged.fast_engine.EngineLLM, "_sample",
+    monkeypatch.setattr(minipaged.fast_engine, "sample",
+                        lambda *a: pytest.fail("chapter 11's sampler was called"))
+    monkeypatch.setattr(minipaged.sampler, "sample",
                         lambda *a: pytest.fail("chapter 11's sampler was called"))
     llm = LLM(hf, block_size=2)
     seeded = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
@@ -537,11 +549,12 @@ def test_fp8_mixed_steps_read_the_decodes_through_the_prefill_kernel_alike():
     for mixed in (True, False):
         llm = minipaged.LLM(hf, block_size=4, kv_cache_dtype="fp8", max_num_batched_tokens=6,
                             check_invariants=True)
+        runner = llm.llm_engine.runner
         if not mixed:
-            llm._groups = lambda chunks, llm=llm: EngineLLM._groups(llm, chunks)
+            runner.single_forward = lambda model, cache: False   # chapter 11's two groups
         groups = []
-        run_groups = llm._groups
-        llm._groups = lambda chunks: groups.append(len(run_groups(chunks))) or run_groups(chunks)
+        run_groups = runner.groups
+        runner.groups = lambda chunks: groups.append(len(run_groups(chunks))) or run_groups(chunks)
         runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params,
                                                                   use_tqdm=False)])
         assert max(groups) == (1 if mixed else 2)

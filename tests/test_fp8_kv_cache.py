@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
-from minipaged.engine import EngineError
-from minipaged.fp8_kv_cache import (FP8_DTYPE, FP8_MAX, LLM, Fp8PagedKVCache,
+from minipaged.engine import MODEL_DTYPE_CACHE, EngineError, EngineParts, LLMEngine
+from minipaged.fp8_kv_cache import (FP8_CACHE, FP8_DTYPE, FP8_MAX, Fp8PagedKVCache,
                                     dequantize_reference, fp8_bytes_per_token,
                                     fp8_supported, quantize_reference)
 from minipaged.kv_cache import KVCacheError
@@ -305,6 +305,11 @@ def tiny():
     return random_qwen3(tiny_qwen3_config(), seed=0, device=DEVICE)
 
 
+def LLM(model, **options) -> LLMEngine:
+    """Chapter 12's engine: chapter 11's, with the FP8 cache format among its parts."""
+    return LLMEngine(model, parts=EngineParts().with_cache_format("fp8", FP8_CACHE), **options)
+
+
 def test_engine_fp8_runs_frees_and_mostly_agrees(tiny):
     from minipaged import SamplingParams
 
@@ -356,12 +361,12 @@ def test_teacher_forced_greedy_tokens_mostly_agree(tiny):
 
 def test_engine_block_bytes_are_the_caches_bytes(tiny):
     llm = LLM(tiny, kv_cache_dtype="fp8", num_blocks=8, block_size=4)
-    assert llm._block_bytes(4) * 8 == llm.cache.nbytes
+    assert FP8_CACHE.block_bytes(llm.model, 4) * 8 == llm.cache.nbytes
     auto = LLM(tiny, num_blocks=8, block_size=4)
-    assert auto._block_bytes(4) * 8 == auto.cache.nbytes
+    assert MODEL_DTYPE_CACHE.block_bytes(auto.model, 4) * 8 == auto.cache.nbytes
     c = tiny.config
     per_token = fp8_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
-    assert llm._block_bytes(16) == 16 * per_token
+    assert FP8_CACHE.block_bytes(llm.model, 16) == 16 * per_token
 
 
 def test_bad_kv_cache_dtype_and_missing_fp8_allocate_nothing(tiny, monkeypatch):

@@ -6,7 +6,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minipaged.fast_engine import LLM, UNRESOLVED, OverlapScheduler
+from minipaged.fast_engine import UNRESOLVED, OverlapScheduler
+from minipaged.llm import LLM
 from minipaged.scheduler import SamplingParams
 from tests.test_engine import NEW, setup  # noqa: F401  (the tiny model, prompts, greedy reference)
 
@@ -15,7 +16,7 @@ def served(hf, prompts, params, overlap, **kw):
     llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
-    assert not llm.has_unfinished_requests() and llm._in_flight is None
+    assert not llm.has_unfinished_requests() and getattr(llm.llm_engine.loop, 'launched', None) is None
     got = [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outputs]
     assert UNRESOLVED not in [t for o in got for ids, _ in o for t in ids]
     return got, llm
@@ -44,7 +45,7 @@ def test_a_cancellation_with_a_step_in_flight(setup):
     llm = LLM(hf, block_size=4, num_blocks=256, check_invariants=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
     ids = [llm.add_request(p, greedy) for p in prompts]
-    while llm._in_flight is None:
+    while getattr(llm.llm_engine.loop, 'launched', None) is None:
         assert llm.step() == []
     out = llm.abort_request(ids[1])
     assert out.outputs[0].finish_reason == "abort" and UNRESOLVED not in out.outputs[0].token_ids
@@ -91,18 +92,19 @@ def test_a_failed_overlapped_step_frees_everything_and_the_engine_serves_again(s
     hf, prompts, reference = setup
     llm = LLM(hf, block_size=4, num_blocks=256, check_invariants=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
-    real, calls = llm._decode_after, []
+    runner = llm.llm_engine.runner
+    real, calls = runner.decode, []
 
-    def fail_on_the_third(previous, out):
+    def fail_on_the_third(out, input_ids):
         calls.append(out)
         if len(calls) == 3:
             raise RuntimeError("boom")
-        return real(previous, out)
+        return real(out, input_ids)
 
-    monkeypatch.setattr(llm, "_decode_after", fail_on_the_third)
+    monkeypatch.setattr(runner, "decode", fail_on_the_third)
     with pytest.raises(RuntimeError, match="boom"):
         llm.generate(prompts, greedy, use_tqdm=False)
-    assert not llm.has_unfinished_requests() and not llm._requests and llm._in_flight is None
+    assert not llm.has_unfinished_requests() and not llm.llm_engine.requests and getattr(llm.llm_engine.loop, 'launched', None) is None
     assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
     llm.scheduler.check_invariants()
     monkeypatch.undo()
@@ -137,10 +139,11 @@ class _TokenRule(torch.nn.Module):
 
 def _served_by_rule(hf, prompts, params, overlap, eos, **kw):
     llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
-    llm.model, llm.eos_token_id = _TokenRule(llm.model), eos
+    engine = llm.llm_engine
+    engine.runner.model, engine.eos_token_id = _TokenRule(engine.runner.model), eos
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
-    assert not llm.has_unfinished_requests() and llm._in_flight is None
+    assert not llm.has_unfinished_requests() and getattr(llm.llm_engine.loop, 'launched', None) is None
     return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outputs], llm
 
 
@@ -191,14 +194,14 @@ def test_cancellations_at_random_steps_leave_nothing_behind(setup, data, overlap
               preemption_mode=data.draw(st.sampled_from(["recompute", "swap"])))
     want, _ = _served_by_rule(hf, prompts, params, overlap, None, **kw)
     llm = LLM(hf, overlap_scheduling=overlap, check_invariants=True, **kw)
-    llm.model = _TokenRule(llm.model)
+    llm.llm_engine.runner.model = _TokenRule(llm.llm_engine.runner.model)
     ids = [llm.add_request(p, params) for p in prompts]
     cancel_at = data.draw(st.lists(st.integers(0, 12), max_size=3))
     outputs, step = {}, 0
     while llm.has_unfinished_requests():
         if step in cancel_at:
-            live = [i for i in ids if i in llm._requests or any(o.request_id == i
-                                                                 for o in llm._ready)]
+            live = [i for i in ids if i in llm.llm_engine.requests or any(o.request_id == i
+                                                                 for o in llm.llm_engine.loop.ready)]
             if live:
                 out = llm.abort_request(data.draw(st.sampled_from(live)))
                 outputs[out.request_id] = out

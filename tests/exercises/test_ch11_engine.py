@@ -5,7 +5,10 @@ import random
 import pytest
 import torch
 
-from minipaged.engine import LLM
+from functools import partial
+
+from minipaged.engine import EngineParts, LLMEngine
+from minipaged.sampler import Sampler
 from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.scheduler import SamplingParams
 from tests.exercises.answers import load
@@ -74,7 +77,7 @@ def penalty_setup():
     prompts = [prompts[0], prompts[4], prompts[4] + [54], prompts[0] + [240, 45]]
     greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     plain = [o.outputs[0].token_ids
-             for o in LLM(hf, block_size=4).generate(prompts, greedy, use_tqdm=False)]
+             for o in LLMEngine(hf, block_size=4).generate(prompts, greedy, use_tqdm=False)]
     want = {penalty: _hf_penalised(hf, prompts, penalty) for penalty in (1.5,)}
     assert all(w != plain for w in want.values())   # the penalty must matter here
     return hf, prompts, plain, want
@@ -91,14 +94,21 @@ def _hf_penalised(hf, prompts, penalty):
     return out
 
 
-def grade_penalized_llm(cls, setup):
-    """Raise AssertionError unless ``cls`` serves greedy requests like transformers does."""
+def engine_with(sampler, hf, penalty=None, **options) -> LLMEngine:
+    """Chapter 11's engine with ``sampler`` as its sampling part."""
+    part = sampler if penalty is None else partial(sampler, repetition_penalty=penalty)
+    return LLMEngine(hf, parts=EngineParts(sampler=part), **options)
+
+
+def grade_penalized_sampler(sampler, setup):
+    """Raise AssertionError unless an engine with ``sampler`` serves greedy requests like
+    transformers does."""
     hf, prompts, plain, want = setup
     greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
-    default = cls(hf, block_size=4).generate(prompts, greedy, use_tqdm=False)
+    default = engine_with(sampler, hf, block_size=4).generate(prompts, greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in default] == plain, "penalty 1.0 changed tokens"
     for penalty, expected in want.items():
-        llm = cls(hf, block_size=4, max_num_seqs=2, repetition_penalty=penalty)
+        llm = engine_with(sampler, hf, penalty, block_size=4, max_num_seqs=2)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
         assert got == expected, f"penalty {penalty}: {got} != {expected}"
         assert llm.manager.num_free_blocks == llm.manager.num_physical_blocks
@@ -108,8 +118,8 @@ def test_11_4_penalty_function():
     grade_penalty_function(ex.apply_repetition_penalty)
 
 
-def test_11_4_penalized_llm_equals_transformers(penalty_setup):
-    grade_penalized_llm(ex.PenalizedLLM, penalty_setup)
+def test_11_4_penalized_sampler_equals_transformers(penalty_setup):
+    grade_penalized_sampler(ex.PenalizedSampler, penalty_setup)
 
 
 # Planted bugs: the graders above must reject each of them.
@@ -149,18 +159,17 @@ def test_11_4_planted_bugs_fail_where_your_function_passes(bug):
         grade_penalty_function(bug)
 
 
-def _planted_llm(history):
-    class Planted(LLM):
-        def __init__(self, model, *, repetition_penalty=1.0, **kwargs):
-            super().__init__(model, **kwargs)
+def _planted_sampler(history):
+    class Planted(Sampler):
+        def __init__(self, device, repetition_penalty=1.0):
+            super().__init__(device)
             self.repetition_penalty = repetition_penalty
 
-        def _sample(self, logits, samplers):
-            if samplers:
-                seqs = [child or seq for seq, child in samplers]
+        def __call__(self, logits, seqs):
+            if seqs:
                 logits = _reference_penalty(logits, [history(s) for s in seqs],
                                             self.repetition_penalty)
-            return super()._sample(logits, samplers)
+            return super().__call__(logits, seqs)
 
     return Planted
 
@@ -169,6 +178,6 @@ def _planted_llm(history):
                                      lambda s: list(s.prompt_token_ids)],
                          ids=["output-only", "prompt-only"])
 def test_11_4_planted_engine_bugs_fail_where_your_engine_passes(penalty_setup, history):
-    ex.PenalizedLLM(penalty_setup[0], block_size=4, repetition_penalty=1.5)  # yours exists
+    ex.PenalizedSampler("cpu", repetition_penalty=1.5)  # yours exists
     with pytest.raises(AssertionError):
-        grade_penalized_llm(_planted_llm(history), penalty_setup)
+        grade_penalized_sampler(_planted_sampler(history), penalty_setup)
