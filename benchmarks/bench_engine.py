@@ -1,4 +1,4 @@
-"""Offline throughput: minipaged's LLM against transformers, on the same random Qwen3-0.6B-shaped model.
+"""Offline throughput: minipaged's engine against transformers, on the same random Qwen3-0.6B-shaped model.
 
     python benchmarks/bench_engine.py --out DIR [--quick] [--max-seconds S] [--paths a,b,c]
 

@@ -5,12 +5,13 @@
                                            [--workload course|nanovllm]
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
-uniform in 100-1024, 512 new tokens, EOS ignored, greedy): ``minipaged.engine.LLM`` and
-``minipaged.fast_engine.LLM``, each in a process of its own on the same seeded model (on a GPU), after a
+uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 11's ``minipaged.engine.LLMEngine`` and
+chapter 13's ``minipaged.LLM`` (``minipaged.llm.LLM``: the same ``LLMEngine`` assembled from
+``FAST_PARTS``), each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
 the memory roofline (bench_engine.roofline), mean TTFT, p50/p99 TPOT, steps, graph steps. Writes
 DIR/fast_engine_h200.json. ``--check`` (any mode) first runs bench_engine's fp32 parity check
-(``minipaged.LLM``, i.e. the fast engine, against transformers, with and without CUDA graphs and under
+(chapter 11's ``LLMEngine`` against transformers, with and without CUDA graphs and under
 preemption; about 30 s); its result goes into fast_engine_h200.json when the engines run.
 
 ``kernels``: each fused kernel and fused projection timed alone against its unfused reference, bf16, on
@@ -24,7 +25,8 @@ Writes DIR/fused_kernels_h200.json.
 uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), EOS ignored, sampled at
 temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
 
-``--engines`` picks the engines (default all six: ``engine``, ``fast_engine``, ``fast_engine_sync``,
+``--engines`` picks the engines (default all six, built by ``ENGINES``: ``engine``, chapter 11's
+``LLMEngine``; ``fast_engine``, chapter 13's ``minipaged.LLM``; ``fast_engine_sync``,
 the fast engine with ``overlap_scheduling=False``, so that the overlap's share is measured,
 ``fast_engine_unchunked``, the fast engine with ``enable_chunked_prefill=False`` (whole prompts, run
 apart from the step's decodes),
@@ -41,7 +43,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import importlib
 import json
 import random
 import statistics
@@ -58,9 +59,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity,  # noqa: E402
                                      qwen3_06b_config, roofline, sync, workload)
 
-ENGINES = ("engine", "fast_engine", "fast_engine_sync", "fast_engine_unchunked",
-           "fast_engine_sdpa_prefill", "fast_engine_fp8")
-"""chapter 11's engine; chapter 13's; chapter 13's with chapter 9's SDPA prefill (paged prefill off)"""
+
+def chapter11_engine(model, **options):
+    """Chapter 11's engine: ``LLMEngine`` with its own parts."""
+    from minipaged.engine import LLMEngine
+
+    return LLMEngine(model, **options)
+
+
+def chapter13_engine(model, **options):
+    """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+    from minipaged.llm import LLM
+
+    return LLM(model, **options)
+
+
+def chapter13_sdpa_prefill(model, **options):
+    """Chapter 13's engine with chapter 9's SDPA prefill (the paged prefill kernel off, so a
+    step's prefills and decodes also run apart)."""
+    llm = chapter13_engine(model, **options)
+    llm.model.use_paged_prefill = False
+    return llm
+
+
+# name -> (constructor, its options, the class it reports, whether it needs FP8)
+ENGINES = {
+    "engine": (chapter11_engine, {}, "minipaged.engine.LLMEngine", False),
+    "fast_engine": (chapter13_engine, {}, "minipaged.llm.LLM", False),
+    "fast_engine_sync": (chapter13_engine, {"overlap_scheduling": False}, "minipaged.llm.LLM",
+                         False),
+    "fast_engine_unchunked": (chapter13_engine, {"enable_chunked_prefill": False},
+                              "minipaged.llm.LLM", False),
+    "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.llm.LLM", False),
+    "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.llm.LLM", True),
+}
+"""chapter 11's engine; chapter 13's; chapter 13's with one piece changed: no overlap, whole
+prompts, chapter 9's SDPA prefill (paged prefill off), chapter 12's e4m3 cache"""
 
 
 def percentile(values, q):
@@ -99,19 +133,12 @@ def run_engine(name, args) -> dict:
     config = qwen3_06b_config(not on_gpu)
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
-    module = (name.removesuffix("_sdpa_prefill").removesuffix("_fp8").removesuffix("_sync")
-              .removesuffix("_unchunked"))
-    LLM = importlib.import_module(f"minipaged.{module}").LLM
-    from minipaged.fast_engine import FastQwen3Model
-    FastQwen3Model.use_paged_prefill = not name.endswith("_sdpa_prefill")
-    cache_args = ({"overlap_scheduling": False} if name.endswith("_sync") else
-                  {"enable_chunked_prefill": False} if name.endswith("_unchunked") else {})
-    if name.endswith("_fp8"):  # chapter 12's e4m3 cache under the fast engine
+    build, options, engine_class, needs_fp8 = ENGINES[name]
+    if needs_fp8:  # chapter 12's e4m3 cache under the fast engine
         from minipaged.fp8_kv_cache import fp8_supported
         if not fp8_supported(device):
             return {"engine": name, "error": "no FP8 on this device"}
-        cache_args = {"kv_cache_dtype": "fp8"}
-    llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs, **cache_args)
+    llm = build(model, block_size=16, max_num_seqs=args.max_num_seqs, **options)
     warm_up = [SamplingParams(temperature=0.0, max_tokens=4),  # kernels compiled, graphs
                SamplingParams(temperature=0.6, seed=0, max_tokens=4)]  # captured, both samplers
     llm.generate([[1 + i] * (32 + 7 * i) for i in range(4)], warm_up * 2, use_tqdm=False)
@@ -123,7 +150,7 @@ def run_engine(name, args) -> dict:
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stats = llm.last_run_stats()
-    row = {"engine": name, "class": f"{LLM.__module__}.LLM", "requests": num_requests,
+    row = {"engine": name, "class": engine_class, "requests": num_requests,
            "output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
            "mean_ttft_s": statistics.mean(llm.stats.ttft) if llm.stats.ttft else None,
            "p50_tpot_s": percentile(llm.stats.tpot, 0.5),
@@ -136,7 +163,6 @@ def run_engine(name, args) -> dict:
     if on_gpu:
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     del llm, outputs
-    FastQwen3Model.use_paged_prefill = True
     gc.collect()
     return row
 
@@ -283,7 +309,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--check", action="store_true", help="fp32 parity of minipaged.LLM first (GPU)")
+    parser.add_argument("--check", action="store_true",
+                        help="fp32 parity of chapter 11's engine first (GPU)")
     parser.add_argument("--workload", choices=["course", "nanovllm"], default="course",
                         help="course: 512 new tokens each, greedy; nanovllm: 100-1024, T=0.6")
     parser.add_argument("--engines", default=",".join(ENGINES),

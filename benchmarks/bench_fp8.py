@@ -11,7 +11,9 @@ Writes DIR/fp8_h200.json: {"device", "date", "command", "versions", "copy_bandwi
   size 16, shuffled blocks). Median µs (CUDA events, L2 flushed), speed-up, and the share of the
   measured copy bandwidth that each kernel's bytes reach (fp8 bytes include the scales).
 - ``engine``: the engine's course benchmark (bench_engine.py's workload and random Qwen3-0.6B-shaped
-  model, bf16) with ``kv_cache_dtype="auto"`` and ``"fp8"``, one after the other in this process:
+  model, bf16) on chapter 12's engine (chapter 11's ``LLMEngine`` with ``FP8_ENGINE_PARTS``: its parts
+  plus the ``"fp8"`` cache format) with ``kv_cache_dtype="auto"`` and ``"fp8"``, one after the other
+  in this process:
   output tokens/s, the blocks the cache got from the same memory, and how many generated tokens
   agree with the auto run's before the first difference.
 - ``check`` (``--check``, after the kernel rows): the chapter's correctness grid on the GPU (block sizes 1-32, GQA 1-8,
@@ -42,9 +44,13 @@ from benchmarks.bench_engine import (build_model, qwen3_06b_config, sync,  # noq
                                      workload)
 from minipaged.block_table import blocks_needed  # noqa: E402
 from minipaged.decode_attention import paged_attention, paged_attention_reference  # noqa: E402
-from minipaged.fp8_kv_cache import (LLM, Fp8PagedKVCache, fp8_bytes_per_token,  # noqa: E402
-                                    fp8_supported, quantize_reference)
+from minipaged.engine import EngineParts, LLMEngine  # noqa: E402
+from minipaged.fp8_kv_cache import (FP8_CACHE, Fp8PagedKVCache,  # noqa: E402
+                                    fp8_bytes_per_token, fp8_supported, quantize_reference)
 from minipaged.kv_cache import PagedKVCache  # noqa: E402
+
+FP8_ENGINE_PARTS = EngineParts().with_cache_format("fp8", FP8_CACHE)
+"""chapter 12's engine: chapter 11's parts, and ``kv_cache_dtype="fp8"``"""
 
 HEADS = (32, 8, 128)                                  # query heads, KV heads, head dim
 
@@ -199,9 +205,9 @@ def engine_rows(args, device: str, log=print) -> list[dict]:
         row = {"kv_cache_dtype": kv_cache_dtype, "requests": num_requests,
                "prompt_len": [lo, hi], "max_tokens": max_tokens}
         try:
-            llm = LLM(model, kv_cache_dtype=kv_cache_dtype, block_size=16,
-                      max_num_seqs=args.max_num_seqs,
-                      num_blocks=None if device == "cuda" else 2048)
+            llm = LLMEngine(model, parts=FP8_ENGINE_PARTS, kv_cache_dtype=kv_cache_dtype,
+                            block_size=16, max_num_seqs=args.max_num_seqs,
+                            num_blocks=None if device == "cuda" else 2048)
             llm.generate([[1 + i] * 32 for i in range(4)],
                          SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
             sync()
@@ -213,7 +219,8 @@ def engine_rows(args, device: str, log=print) -> list[dict]:
             row.update({"seconds": seconds, "output_tokens": sum(map(len, tokens)),
                         "tok_per_s": sum(map(len, tokens)) / seconds,
                         "num_blocks": llm.cache.num_blocks,
-                        "block_bytes": llm._block_bytes(16)})
+                        "block_bytes": FP8_ENGINE_PARTS.cache_formats[kv_cache_dtype]
+                        .block_bytes(llm.model, 16)})
             row.update({k: v for k, v in llm.last_run_stats().items()
                         if isinstance(v, (int, float))})
             if first is None:

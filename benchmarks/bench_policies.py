@@ -41,9 +41,9 @@ def percentile(values, q):
 
 def new_engine(model, **options):
     from minipaged import SamplingParams
-    from minipaged.engine import LLM  # chapter 11's engine, whose policies chapter 10 compares
+    from minipaged.engine import LLMEngine  # chapter 11's engine, whose policies chapter 10 compares
 
-    llm = LLM(model, block_size=16, **options)
+    llm = LLMEngine(model, block_size=16, **options)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
     sync()
@@ -82,7 +82,7 @@ def run_arrivals(model, prompts, max_tokens, rate, policy) -> dict:
     from minipaged import SamplingParams
 
     llm = new_engine(model, policy=policy)
-    llm.stats = type(llm.stats)()
+    llm.stats = llm.runner.stats = type(llm.stats)()  # the runner adds to the same counters
     rng = random.Random(7)
     arrivals, t = [], 0.0
     for _ in prompts:

@@ -3,7 +3,8 @@
     python benchmarks/profile_engine.py [--out DIR] [--engine engine|fast_engine] [--quick]
                                         [--num-requests N] [--window STEPS]
 
-Runs ``minipaged.<engine>.LLM`` (chapter 11's ``engine`` by default; ``fast_engine`` is chapter 13's)
+Runs chapter 11's engine (``--engine engine``, the default: ``minipaged.engine.LLMEngine``) or
+chapter 13's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.llm.LLM``; see ``ENGINES``)
 on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape, prompts uniform in 100-1024,
 512 new tokens, EOS ignored, greedy), one ``step()`` at a time. Every step is timed (the engine reads
 its sampled tokens back each step, so a step's wall time is its GPU time plus what the host adds).
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import json
 import statistics
 import sys
@@ -43,6 +43,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, qwen3_06b_config,  # noqa: E402
                                      sync, workload)
 from minipaged.sizing import kv_bytes_per_token  # noqa: E402
+
+
+def chapter11_engine(model, **options):
+    """Chapter 11's engine: ``LLMEngine`` with its own parts."""
+    from minipaged.engine import LLMEngine
+
+    return LLMEngine(model, **options)
+
+
+def chapter13_engine(model, **options):
+    """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+    from minipaged.llm import LLM
+
+    return LLM(model, **options)
+
+
+ENGINES = {"engine": (chapter11_engine, "minipaged.engine.LLMEngine"),
+           "fast_engine": (chapter13_engine, "minipaged.llm.LLM")}
+"""``--engine`` -> (constructor, the class it builds)"""
+
+
+def engine_of(llm):
+    """The ``LLMEngine`` under ``llm`` (``minipaged.LLM`` is a front end holding one)."""
+    return getattr(llm, "llm_engine", llm)
+
+
+def reset_stats(llm) -> None:
+    """Fresh counters for the engine and its model runner (which adds to the same ones)."""
+    from minipaged.engine import RunStats
+
+    engine = engine_of(llm)
+    engine.stats = engine.runner.stats = RunStats()
+
 
 CLASSES = ("attention", "GEMM", "glue", "copies", "other")
 _RULES = (  # first match wins; names lowercased
@@ -106,7 +139,7 @@ def summarise(events, steps: int, floors: dict) -> dict:
 def add_run_args(parser, engine: str) -> None:
     """The options both profiles share: output folder, engine, CPU run, workload size."""
     parser.add_argument("--out", default="results")
-    parser.add_argument("--engine", choices=["engine", "fast_engine"], default=engine)
+    parser.add_argument("--engine", choices=list(ENGINES), default=engine)
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
@@ -119,7 +152,7 @@ def record_header(engine: str, num_requests: int, prompt_len, max_tokens: int, d
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
-        "engine": f"minipaged.{engine}.LLM",
+        "engine": ENGINES[engine][1],
         "versions": {"torch": torch.__version__},
         "workload": {"requests": num_requests, "prompt_len": list(prompt_len),
                      "max_tokens": max_tokens, "ignore_eos": True, "greedy": True,
@@ -148,18 +181,17 @@ def main(argv=None) -> int:
     settle = args.settle if args.settle is not None else (2 if quick else 16)
     dtype = torch.bfloat16 if on_gpu else torch.float32
 
-    from minipaged.engine import RunStats
     from minipaged.scheduler import SamplingParams
 
-    LLM = importlib.import_module(f"minipaged.{args.engine}").LLM
+    build = ENGINES[args.engine][0]
     config = qwen3_06b_config(quick and not on_gpu)
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
-    llm = LLM(model, block_size=16, max_num_seqs=args.max_num_seqs)
+    llm = build(model, block_size=16, max_num_seqs=args.max_num_seqs)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.stats = RunStats()
+    reset_stats(llm)
     for p in prompts:
         llm.add_request(p, params)
 
@@ -197,7 +229,7 @@ def main(argv=None) -> int:
         print("no decode step was profiled: the run is too short for --settle/--window", file=sys.stderr)
         return 1
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model_parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
     kv_per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
                                       config.head_dim, llm.cache.storage.element_size())
     floors = {"attention": 1e6 * kv_in_window * kv_per_token / COPY_BANDWIDTH / profiled,

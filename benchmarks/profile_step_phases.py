@@ -1,20 +1,23 @@
-"""Where the host time of a decode step goes: each phase of ``LLM.step()`` timed, on the course workload.
+"""Where the host time of a decode step goes: each phase of ``step()`` timed, on the course workload.
 
     python benchmarks/profile_step_phases.py [--out DIR] [--engine engine|fast_engine] [--quick]
                                              [--num-requests N] [--max-tokens N]
 
-Runs ``minipaged.<engine>.LLM`` on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape,
-prompts uniform in 100-1024, 512 new tokens, EOS ignored, greedy) and wraps the engine's methods with
-timers (``time.perf_counter``). A step's phases, in the order they run:
+Runs chapter 13's engine (``--engine fast_engine``, the default: ``minipaged.LLM``) or chapter 11's
+(``--engine engine``: ``minipaged.engine.LLMEngine``) on bench_engine.py's model and workload (random
+bf16 Qwen3-0.6B shape, prompts uniform in 100-1024, 512 new tokens, EOS ignored, greedy) and wraps the
+methods of the engine's scheduler and model runner (``engine.runner``) with timers
+(``time.perf_counter``). A step's phases, in the order they run:
 
 - ``schedule``: ``Scheduler.schedule()`` (with the block manager's ``reserve_step``);
 - ``move blocks``: swaps and copy-on-write copies;
-- ``build batch``: the step's host tensors (token ids, ``ForwardBatch.from_reservation``);
+- ``build batch``: the step's host tensors (token ids, ``ForwardBatch.from_reservation``: the
+  runner's ``run_group``);
 - ``launch``: ``DecodeGraphs.run`` (copies into the graph's buffers and the replay) or the eager
   forward's launches;
-- ``wait for GPU``: a ``torch.cuda.synchronize()`` added at the start of ``_sample``: the time the
-  host waits for the step's kernels (the engine would wait as long in ``tolist()``);
-- ``sample``: ``_sample`` after that (sampling kernels and the read-back of the tokens);
+- ``wait for GPU``: a ``torch.cuda.synchronize()`` added at the start of the runner's ``sample``: the
+  time the host waits for the step's kernels (the engine would wait as long in ``tolist()``);
+- ``sample``: the runner's ``sample`` after that (sampling kernels and the read-back of the tokens);
 - ``commit``: ``Scheduler.commit()`` (tokens appended, finished sequences freed);
 - ``rest``: what the step spends outside these (bookkeeping, outputs).
 
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import sys
 import time
@@ -47,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import build_model, qwen3_06b_config, sync, workload  # noqa: E402
-from benchmarks.profile_engine import add_run_args, record_header  # noqa: E402
+from benchmarks.profile_engine import ENGINES, add_run_args, engine_of, record_header  # noqa: E402
 
 PHASES = ("schedule", "move blocks", "build batch", "launch", "wait for GPU", "sample", "commit",
           "rest")
@@ -72,20 +74,24 @@ class PhaseTimer:
 
 
 def instrument(llm, timer: PhaseTimer) -> None:
-    """Wrap ``llm``'s phases with ``timer`` (instance attributes: the class is untouched)."""
-    llm.scheduler.schedule = timer.wrap("schedule", llm.scheduler.schedule)
-    llm.scheduler.commit = timer.wrap("commit", llm.scheduler.commit)
-    llm._move_blocks = timer.wrap("move blocks", llm._move_blocks)
-    llm._run_group = timer.wrap("build batch", llm._run_group)  # launch is subtracted below
-    llm.model = _LaunchTimed(llm.model, timer)
-    graphs = llm._decode_graphs() if llm.enable_cuda_graphs else None
+    """Wrap the phases of ``llm``'s engine with ``timer`` (instance attributes of its scheduler
+    and model runner: the classes are untouched). For a synchronous step loop (chapter 11's
+    ``StepLoop``, which samples through ``runner.sample``)."""
+    engine = engine_of(llm)
+    scheduler, runner = engine.scheduler, engine.runner
+    scheduler.schedule = timer.wrap("schedule", scheduler.schedule)
+    scheduler.commit = timer.wrap("commit", scheduler.commit)
+    runner.move_blocks = timer.wrap("move blocks", runner.move_blocks)
+    runner.run_group = timer.wrap("build batch", runner.run_group)  # launch is subtracted below
+    runner.model = _LaunchTimed(runner.model, timer)  # the model the runner's forwards call
+    graphs = runner.decode_graphs() if runner.enable_cuda_graphs else None
     if graphs is not None:
         graphs.run = timer.wrap("launch", graphs.run)
     def wait():
         t0 = time.perf_counter()
         sync()
         timer.step["wait for GPU"] += time.perf_counter() - t0
-    llm._sample = timer.wrap("sample", llm._sample, before=wait)
+    runner.sample = timer.wrap("sample", runner.sample, before=wait)
 
 
 class _LaunchTimed(torch.nn.Module):
@@ -136,13 +142,15 @@ def stubbed(llm, args):
     """``llm`` with its forwards replaced by zero logits under ``--stub``: the engine's host
     work alone, at the real workload's batch, on any machine."""
     if args.stub:
+        runner = engine_of(llm).runner
         vocab = llm.model.config.vocab_size
 
         def zero_logits(rows):
             return torch.zeros(rows, vocab)
 
-        llm._run_batch = lambda batch: zero_logits(len(batch.logits_indices))
-        llm._run_group = lambda chunks, res, rows: zero_logits(sum(c.samples for c in chunks))
+        # run_batch serves the overlapped loop's decodes (runner.decode), run_group the rest
+        runner.run_batch = lambda batch: zero_logits(len(batch.logits_indices))
+        runner.run_group = lambda chunks, res, rows: zero_logits(sum(c.samples for c in chunks))
     return llm
 
 
@@ -165,7 +173,7 @@ def main(argv=None) -> int:
 
     from minipaged.scheduler import SamplingParams
 
-    LLM = importlib.import_module(f"minipaged.{args.engine}").LLM
+    build = ENGINES[args.engine][0]
     if args.stub:  # only the vocabulary matters: the forward never runs
         from minipaged.qwen3 import tiny_qwen3_config
         config = tiny_qwen3_config(max_position_embeddings=4096)
@@ -176,7 +184,7 @@ def main(argv=None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     overlap = {"overlap_scheduling": False} if args.engine == "fast_engine" else {}
     sizing = {"num_blocks": 40_000} if args.stub else {}
-    llm = stubbed(LLM(model, block_size=16, max_num_seqs=256, **overlap, **sizing), args)
+    llm = stubbed(build(model, block_size=16, max_num_seqs=256, **overlap, **sizing), args)
     timer = PhaseTimer()
     totals, walls, rows = defaultdict(float), decode_step_walls(llm, prompts, params, timer), 0
     for wall, phases, batch in walls:
@@ -196,7 +204,7 @@ def main(argv=None) -> int:
         gc.collect()  # the first engine's cache goes before the second's is sized
         if on_gpu:
             torch.cuda.empty_cache()
-        llm = stubbed(LLM(model, block_size=16, max_num_seqs=256, **sizing), args)
+        llm = stubbed(build(model, block_size=16, max_num_seqs=256, **sizing), args)
         walls_overlapped = decode_step_walls(llm, prompts, params, None)
         overlapped = 1e3 * sum(w for w, _, _ in walls_overlapped) / len(walls_overlapped)
     result = record_header(args.engine, num_requests, (lo, hi), max_tokens, dtype)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minipaged.engine import make_generator, sample
+from minipaged.sampler import make_generator, sample
 from minipaged.scheduler import SamplingParams
 
 
