@@ -22,7 +22,8 @@ def test_llama_70b_sizes_the_prose_quotes():
 
 
 def test_weights_nearly_fill_one_h200():
-    device = json.loads(results_path("gpu_run_chapters_00-06_h200.json").read_text())["device"]
+    ledger = json.loads(results_path("gpu_status.json").read_text())
+    device = ledger["chapters"]["01_kv_sizing"]["device"]
     h200 = int(re.search(r"(\d+) MiB", device).group(1)) * 2**20
     config = reference_configs()["Llama-3.1-70B"]
     weights = parameter_count(config) * 2
