@@ -23,6 +23,7 @@ help:
 	@echo "make export           regenerate minipaged/ and notebooks/ from chapters/"
 	@echo "make gpu-test         the GPU runner (nbval on every chapter + benchmarks) on this machine"
 	@echo "make gpu-status       which chapters changed since their last green GPU run"
+	@echo "                      (RECORD=gpu-out/gpu_run_<date>.json folds a run into the ledger first)"
 	@echo "make browser-check    build the book and check pages in headless Chromium"
 
 $(STAMP): pyproject.toml requirements/cpu.txt
@@ -62,7 +63,7 @@ gpu-test:
 	OUT=$${OUT:-$(CURDIR)/gpu-out} bash tools/gpu_run.sh
 
 gpu-status:
-	$(PYTHON) tools/gpu_status.py
+	$(PYTHON) tools/gpu_status.py $(if $(RECORD),--record $(RECORD))
 
 browser-check: book
 	bash tools/browser_check.sh

@@ -29,6 +29,17 @@ def test_bench_policies_tiny_run_preempts_and_keeps_tokens(tmp_path):
     assert all(rows["arrivals", p]["steps"] > 0 for p in ("decode_first", "prefill_first"))
 
 
+def test_bench_slot_mapping_tiny_run_records_what_the_recorded_run_holds(tmp_path):
+    out = tmp_path / "slot_mapping.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_slot_mapping.py"),
+                           "--num-seqs", "8", "--repeats", "5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    recorded = json.loads((ROOT / "results" / "slot_mapping_cpu.json").read_text())
+    assert set(recorded) <= set(record) | {"note"} and record["num_seqs"] == 8
+
+
 def test_bench_engine_rejects_an_unknown_path():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_engine.py"), "--paths", "vllm"],
                           capture_output=True, text=True, timeout=120)

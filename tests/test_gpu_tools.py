@@ -26,29 +26,75 @@ def test_per_chapter_counts_cells_and_hashes_the_chapter(tmp_path):
     assert results["02_b"]["ok"] and results["02_b"]["passed"] == 1
 
 
-def write_run(results, date, chapters):
-    record = {"device": "GPU", "date": date, "chapters": chapters}
-    (results / f"gpu_run_{date[:10]}.json").write_text(json.dumps(record))
+def gpu_run(date, chapters, **extra):
+    """A run as tools/gpu_run.sh writes it (gpu_run_<date>.json)."""
+    return {"device": "GPU", "date": date, "command": "bash tools/gpu_run.sh chapters",
+            "commit": "abc1234", "chapters": chapters, **extra}
 
 
 def test_gpu_status_says_green_changed_failed_or_unknown(tmp_path):
     chapter = tmp_path / "01_a.md"
     chapter.write_text("version 1")
     old = hashlib.sha256(b"version 1").hexdigest()
-    results = tmp_path / "results"
-    results.mkdir()
-    assert gpu_status.status(chapter, [])[0] is False
-    write_run(results, "2026-01-01T00:00:00Z", {"01_a": {"ok": True, "passed": 3, "sha256": old}})
-    runs = gpu_status.load_runs(results)
-    assert gpu_status.status(chapter, runs) == (True, "green on GPU 2026-01-01 (3 cells)")
+    ledger = gpu_status.new_ledger()
+    assert gpu_status.status(chapter, ledger) == (False, "no per-chapter GPU record yet")
+    gpu_status.fold(ledger, gpu_run("2026-01-01T00:00:00Z", {
+        "01_a": {"ok": True, "passed": 3, "failed": 0, "seconds": 1.0, "sha256": old}}), "r1.json")
+    assert gpu_status.status(chapter, ledger) == (True, "green on GPU 2026-01-01 (3 cells)")
     chapter.write_text("version 2")
-    green, line = gpu_status.status(chapter, runs)
+    green, line = gpu_status.status(chapter, ledger)
     assert not green and line.startswith("CHANGED since its last green GPU run (2026-01-01)")
     new = hashlib.sha256(b"version 2").hexdigest()
-    write_run(results, "2026-01-02T00:00:00Z",
-              {"01_a": {"ok": False, "passed": 2, "failed": 1, "sha256": new}})
-    green, line = gpu_status.status(chapter, gpu_status.load_runs(results))
+    gpu_status.fold(ledger, gpu_run("2026-01-02T00:00:00Z", {
+        "01_a": {"ok": False, "passed": 2, "failed": 1, "sha256": new}}), "r2.json")
+    green, line = gpu_status.status(chapter, ledger)
     assert not green and line.startswith("FAILED 1 cell(s)")
+    assert ledger["chapters"]["01_a"]["sha256"] == old       # the green run is kept beside it
+    gpu_status.fold(ledger, gpu_run("2026-01-03T00:00:00Z", {
+        "01_a": {"ok": True, "passed": 3, "failed": 0, "sha256": new}}), "r3.json")
+    assert gpu_status.status(chapter, ledger)[0] and ledger["failures"] == {}
+
+
+def test_recording_a_run_updates_its_chapters_and_keeps_the_others(tmp_path):
+    """`gpu_status.py --record RUN.json`: the ledger keeps each chapter's latest green run."""
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    digest = {}
+    for stem in ("01_a", "02_b"):
+        (chapters / f"{stem}.md").write_text(stem)
+        digest[stem] = hashlib.sha256(stem.encode()).hexdigest()
+    ledger_path = tmp_path / "gpu_status.json"
+    first = tmp_path / "gpu_run_2026-01-01.json"
+    first.write_text(json.dumps(gpu_run("2026-01-01T00:00:00Z", {
+        s: {"ok": True, "passed": 1, "failed": 0, "seconds": 2.0, "sha256": digest[s]}
+        for s in digest}, compile_targets={"triton": "3.6.0", "kernels": {
+            "m._k": {"specializations": 1, "sm75": "ok", "sm80": "ok", "sm89": "ok"}}})))
+    second = tmp_path / "gpu_run_2026-01-02.json"
+    second.write_text(json.dumps(gpu_run("2026-01-02T00:00:00Z", {
+        "02_b": {"ok": True, "passed": 5, "failed": 0, "seconds": 3.0, "sha256": digest["02_b"]}},
+        commit="def5678")))
+    args = ["--ledger", str(ledger_path), "--chapters", str(chapters), "--strict"]
+    assert gpu_status.main(args + ["--record", str(first)]) == 0
+    assert gpu_status.main(args + ["--record", str(second)]) == 0
+    ledger = json.loads(ledger_path.read_text())
+    a, b = ledger["chapters"]["01_a"], ledger["chapters"]["02_b"]
+    assert (a["run"], a["commit"], a["passed"]) == ("gpu_run_2026-01-01.json", "abc1234", 1)
+    assert (b["run"], b["commit"], b["passed"]) == ("gpu_run_2026-01-02.json", "def5678", 5)
+    assert {"device", "date", "command", "seconds", "sha256"} <= a.keys()
+    assert ledger["compile_targets"]["kernels"]["m._k"]["sm75"] == "ok"
+    assert ledger["compile_targets"]["run"] == "gpu_run_2026-01-01.json"
+    assert gpu_status.main(args + ["--record", str(first)]) == 0   # an older run changes nothing
+    assert json.loads(ledger_path.read_text())["chapters"]["02_b"] == b
+    (chapters / "01_a.md").write_text("edited")
+    assert gpu_status.main(args) == 1
+
+
+def test_every_entry_of_the_recorded_ledger_is_a_green_run_with_its_provenance():
+    ledger = gpu_status.load_ledger()
+    assert ledger["chapters"]
+    for entry in ledger["chapters"].values():
+        assert {"device", "date", "command", "commit", "passed", "failed", "sha256"} <= entry.keys()
+        assert entry["failed"] == 0 and entry["passed"] > 0
 
 
 def test_compile_targets_without_a_gpu_says_so_and_compiles_nothing():

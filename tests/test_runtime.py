@@ -29,9 +29,10 @@ def test_interpreter_reads_the_environment_when_asked(monkeypatch):
 
 def test_results_path_finds_the_repository_copy_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                       # not the repository root
-    path = results_path("gpu_run_chapters_00-06_h200.json")
+    path = results_path("gpu_status.json")
     assert path.is_absolute() and path.exists()
-    assert {"device", "date", "command"} <= json.loads(path.read_text()).keys()
+    runs = json.loads(path.read_text())["chapters"].values()
+    assert runs and all({"device", "date", "command"} <= run.keys() for run in runs)
     missing = results_path("no_such_run.json")        # not recorded: the notebook-relative fallback
     assert str(missing) == "results/no_such_run.json" and not missing.exists()
 

@@ -10,8 +10,11 @@
 # ../shared/gpu/fetch-wheels.sh) and are installed into /tmp/site first.
 # At most a handful of files come back from the H200, so logs are merged: gpu_run_<date>.json (per
 # chapter: cells passed/failed, seconds, the chapter's sha256; the commit; the compile results),
-# nbval.log, bench.log and one JSON per benchmark. Copy gpu_run_<date>.json to results/ and
-# `make gpu-status` tells which chapters changed since their last green GPU run.
+# nbval.log, bench.log and one JSON per benchmark. Fold the run into the ledger of green GPU runs,
+# results/gpu_status.json, with
+#   python tools/gpu_status.py --record gpu-out/gpu_run_<date>.json
+# (it updates the chapters of that run and keeps the others); `make gpu-status` then tells which
+# chapters changed since their last green GPU run. The run's own JSON is not kept in results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -95,5 +98,6 @@ for key, name in (("chapters", ".chapters.json"), ("compile_targets", "compile_t
 path = out / f"gpu_run_{now:%Y-%m-%d}.json"
 path.write_text(json.dumps(record, indent=1) + "\n")
 print(path.read_text())
+print(f"fold it into the ledger: python tools/gpu_status.py --record {path}")
 PY
 ! grep -q '"rc": [1-9]' "$OUT"/gpu_run_*.json
