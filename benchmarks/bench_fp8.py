@@ -44,12 +44,14 @@ from benchmarks.bench_engine import (build_model, qwen3_06b_config, sync,  # noq
                                      workload)
 from minipaged.block_table import blocks_needed  # noqa: E402
 from minipaged.decode_attention import paged_attention, paged_attention_reference  # noqa: E402
-from minipaged.engine import EngineParts, LLMEngine  # noqa: E402
-from minipaged.fp8_kv_cache import (FP8_CACHE, Fp8PagedKVCache,  # noqa: E402
-                                    fp8_bytes_per_token, fp8_supported, quantize_reference)
+from minipaged.engine import CacheFormat, EngineParts, LLMEngine  # noqa: E402
+from minipaged.fp8_kv_cache import (Fp8PagedKVCache, fp8_block_bytes,  # noqa: E402
+                                    fp8_bytes_per_token, fp8_supported, new_fp8_cache,
+                                    quantize_reference)
 from minipaged.kv_cache import PagedKVCache  # noqa: E402
 
-FP8_ENGINE_PARTS = EngineParts().with_cache_format("fp8", FP8_CACHE)
+FP8_ENGINE_PARTS = EngineParts().with_cache_format("fp8", CacheFormat(new_fp8_cache,
+                                                                    fp8_block_bytes))
 """chapter 12's engine: chapter 11's parts, and ``kv_cache_dtype="fp8"``"""
 
 HEADS = (32, 8, 128)                                  # query heads, KV heads, head dim

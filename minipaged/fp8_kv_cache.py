@@ -20,7 +20,6 @@ from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import (PagedAttentionError, _check_tables,
                                         _launch_config, _merge_splits_kernel,
                                         _split_ranges, choose_num_splits)
-from minipaged.engine import CacheFormat, EngineError
 from minipaged.kv_cache import (KVCacheError, PagedKVCache, _copy_between,
                                 _copy_blocks_kernel, _pairs)
 from minipaged.qwen3 import ForwardBatch
@@ -28,7 +27,8 @@ from minipaged.sizing import block_bytes, ceil_div
 
 __all__ = [
     "FP8_DTYPE", "FP8_MAX", "Fp8PagedKVCache", "fp8_supported",
-    "quantize_reference", "dequantize_reference", "fp8_bytes_per_token", "FP8_CACHE",
+    "quantize_reference", "dequantize_reference", "fp8_bytes_per_token", "new_fp8_cache",
+    "fp8_block_bytes",
 ]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -569,10 +569,10 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
 
 # %% chapters/12_fp8_kv_cache.md § The engine with kv_cache_dtype
 def new_fp8_cache(model, num_blocks: int, block_size: int) -> Fp8PagedKVCache:
-    """An empty ``Fp8PagedKVCache`` for ``model``; an ``EngineError`` where FP8 is missing."""
+    """An empty ``Fp8PagedKVCache`` for ``model``; a ``KVCacheError`` where FP8 is missing."""
     c, device = model.config, model.device
     if not fp8_supported(device):
-        raise EngineError(f"kv_cache_dtype='fp8' needs FP8 (a GPU of compute "
+        raise KVCacheError(f"kv_cache_dtype='fp8' needs FP8 (a GPU of compute "
                           f"capability 8.9 or newer), which {device} lacks: use "
                           f"kv_cache_dtype='auto'")
     return Fp8PagedKVCache(c.num_hidden_layers, num_blocks, block_size,
@@ -584,10 +584,6 @@ def fp8_block_bytes(model, block_size: int) -> int:
     c = model.config
     return block_bytes(fp8_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads,
                                            c.head_dim), block_size)
-
-
-FP8_CACHE = CacheFormat(new_fp8_cache, fp8_block_bytes)
-"""``kv_cache_dtype="fp8"``: this chapter's part for chapter 11's engine."""
 
 
 # %% chapters/12_fp8_kv_cache.md § Accuracy end to end

@@ -15,17 +15,18 @@ from dataclasses import replace
 
 import torch
 
-from minipaged.engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, EngineParts, LLMEngine,
-                              RequestOutput, StepLoop)
+from minipaged.engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, CacheFormat, EngineParts,
+                              LLMEngine, RequestOutput, StepLoop)
 from minipaged.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
                                    as_fast_model, serves_mixed_batches)
-from minipaged.fp8_kv_cache import FP8_CACHE
+from minipaged.fp8_kv_cache import fp8_block_bytes, new_fp8_cache
 from minipaged.scheduler import SamplingParams
 
 __all__ = ["FAST_PARTS", "LLM"]
 
 FAST_PARTS = EngineParts(
-    cache_formats={"auto": MODEL_DTYPE_CACHE, "fp8": FP8_CACHE},
+    cache_formats={"auto": MODEL_DTYPE_CACHE,
+                   "fp8": CacheFormat(new_fp8_cache, fp8_block_bytes)},
     prepare_model=as_fast_model, sampler=FusedSampler, scheduler=OverlapScheduler,
     step_loop=OverlapStepLoop, single_forward=serves_mixed_batches)
 """The best part of every kind the book builds."""

@@ -68,3 +68,10 @@ def test_no_module_imports_a_later_chapters_module():
                 imported = node.module.split(".")[1]
                 if name in owner and imported in owner:
                     assert owner[imported] <= owner[name], (name, imported)
+
+
+def test_a_cache_format_sits_below_the_engine():
+    """Chapter 12's FP8 cache is a part the engine takes, so it imports nothing of the engine."""
+    imported = {node.module for node in ast.walk(modules()["fp8_kv_cache"])
+                if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"minipaged.engine", "minipaged.model_runner", "minipaged.sampler"}

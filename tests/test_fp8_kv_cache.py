@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
-from minipaged.engine import MODEL_DTYPE_CACHE, EngineError, EngineParts, LLMEngine
-from minipaged.fp8_kv_cache import (FP8_CACHE, FP8_DTYPE, FP8_MAX, Fp8PagedKVCache,
+from minipaged.engine import MODEL_DTYPE_CACHE, CacheFormat, EngineParts, LLMEngine
+from minipaged.fp8_kv_cache import (FP8_DTYPE, FP8_MAX, Fp8PagedKVCache, fp8_block_bytes, new_fp8_cache,
                                     dequantize_reference, fp8_bytes_per_token,
                                     fp8_supported, quantize_reference)
 from minipaged.kv_cache import KVCacheError
@@ -310,6 +310,9 @@ def LLM(model, **options) -> LLMEngine:
     return LLMEngine(model, parts=EngineParts().with_cache_format("fp8", FP8_CACHE), **options)
 
 
+FP8_CACHE = CacheFormat(new_fp8_cache, fp8_block_bytes)
+
+
 def test_engine_fp8_runs_frees_and_mostly_agrees(tiny):
     from minipaged import SamplingParams
 
@@ -378,7 +381,7 @@ def test_bad_kv_cache_dtype_and_missing_fp8_allocate_nothing(tiny, monkeypatch):
         with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
             LLM(tiny, kv_cache_dtype=bad)
     monkeypatch.setattr(fp8, "fp8_supported", lambda device: False)
-    with pytest.raises(EngineError, match="8.9"):
+    with pytest.raises(KVCacheError, match="8.9"):
         LLM(tiny, kv_cache_dtype="fp8", num_blocks=8)
     assert made == []
 
