@@ -242,7 +242,7 @@ def layout_rows(quick: bool = False, log=print) -> list[dict]:
 def tune_rows(log=print) -> list[dict]:
     """Launch configurations and split factors of our kernel at the three sizes (block size 16)."""
     rows = []
-    original = decode_attention._launch_config
+    original = decode_attention.decode_launch_config
     try:
         for batch, length in SIZES:
             for bs in (16,):
@@ -251,7 +251,7 @@ def tune_rows(log=print) -> list[dict]:
                 for tile in (32, 64, 128):
                     for warps in (4, 8):
                         for stages in (2, 3, 4):
-                            decode_attention._launch_config = lambda *a, c=(tile, warps, stages): c
+                            decode_attention.decode_launch_config = lambda *a, c=(tile, warps, stages): c
                             for splits in sorted({1, auto, 2 * auto, max(1, auto // 2)}):
                                 try:
                                     us = bench(lambda: case.ours(num_splits=splits), 10, 50)
@@ -266,7 +266,7 @@ def tune_rows(log=print) -> list[dict]:
                     f"splits {best['splits']} (auto {auto})")
                 del case
     finally:
-        decode_attention._launch_config = original
+        decode_attention.decode_launch_config = original
     return rows
 
 
@@ -324,7 +324,7 @@ def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dic
             max_tokens = case.tables.shape[1] * 16
             splits, _, granule, _ = _split_plan(batch, case.cache, d, max_tokens,
                                                 case.query.device, None, None)
-            longest = decode_attention._split_ranges(max_tokens, splits, granule)[0]
+            longest = decode_attention.split_ranges(max_tokens, splits, granule)[0]
             variants = {"per-sequence ranges (package)": {},
                         "ranges of the longest sequence": {"num_splits": splits,
                                                            "min_split": longest}}

@@ -44,7 +44,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from minipaged.block_table import ceil_div  # noqa: E402
-from minipaged.decode_attention import (_merge_splits_kernel, _split_ranges,  # noqa: E402
+from minipaged.decode_attention import (merge_splits_kernel, split_ranges,  # noqa: E402
                                         choose_num_splits)
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from minipaged.fp8_kv_cache import _e4m3_pairs  # noqa: E402
@@ -174,7 +174,7 @@ def subtile_attention(cache, query, tables, lens, tile: int, warps: int, stages:
     if chosen:
         splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, query.device)
     min_split = ceil_div(256, tile) * tile if chosen else tile
-    _, splits = _split_ranges(max_tokens, splits, tile, min_split)
+    _, splits = split_ranges(max_tokens, splits, tile, min_split)
     part_out = part_ml = out
     if splits > 1:
         parts = (batch, num_heads, splits)
@@ -191,7 +191,7 @@ def subtile_attention(cache, query, tables, lens, tile: int, warps: int, stages:
         INTERP=not cuda, DOT=tl.float16 if cuda else tl.float32,
         num_warps=warps, num_stages=stages)
     if splits > 1:
-        _merge_splits_kernel[(batch, num_heads)](part_out, part_ml, out, out.stride(0),
+        merge_splits_kernel[(batch, num_heads)](part_out, part_ml, out, out.stride(0),
                                                  out.stride(1), splits,
                                                  SPLITS_PAD=triton.next_power_of_2(splits),
                                                  HEAD_DIM=head_dim, DIM_PAD=head_dim)

@@ -23,6 +23,16 @@ __all__ = [
     "paged_attention_reference",
     "PagedAttentionError",
     "choose_num_splits",
+    # shared with the later decode kernels (chapters 12 and 13)
+    "attend_group",
+    "merge_splits_kernel",
+    "decode_launch_config",
+    "fp32_precision",
+    "device_sm_count",
+    "split_ranges",
+    "check_decode_inputs",
+    "check_block_tables",
+    "decode_output",
 ]
 
 
@@ -100,11 +110,11 @@ def _attend_tiles(q, k_ptr, v_ptr, table_row, head_base, start, end, scale_log2,
 
 # %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
 @triton.jit
-def _attend_group(q_ptr, k_ptr, v_ptr, table_row, b, kv_head, group, start, end,
-                  scale_log2, stride_qb, stride_qh, stride_block, stride_token,
-                  stride_head, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                  FP32_PRECISION: tl.constexpr):
+def attend_group(q_ptr, k_ptr, v_ptr, table_row, b, kv_head, group, start, end,
+                 scale_log2, stride_qb, stride_qh, stride_block, stride_token,
+                 stride_head, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                 FP32_PRECISION: tl.constexpr):
     """The query rows of ``kv_head``'s group in sequence ``b`` over positions
     ``[start, end)``: ``(heads, row_ok, m, l, result)``, result = acc / l (0 if empty)."""
     rows = tl.arange(0, GROUP_PAD)
@@ -132,7 +142,7 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     length = tl.load(lens_ptr + b)
-    heads, row_ok, m, l, result = _attend_group(
+    heads, row_ok, m, l, result = attend_group(
         q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, 0, length,
         scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
         GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
@@ -143,8 +153,8 @@ def _decode_kernel_v1(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_
 
 
 # %% chapters/08_paged_attention.md § Version 1: one program per sequence and KV head
-def _launch_config(head_dim: int, device: torch.device,
-                   split: bool) -> tuple[int, int, int]:
+def decode_launch_config(head_dim: int, device: torch.device,
+                         split: bool) -> tuple[int, int, int]:
     """(tokens per tile, warps, pipeline stages) of the decode kernels; H200-tuned."""
     if device.type != "cuda":
         return 16, 4, 1         # interpreter: the smallest tile tl.dot accepts on GPUs
@@ -153,7 +163,7 @@ def _launch_config(head_dim: int, device: torch.device,
     return (128 if split else 64), 4, 3
 
 
-def _fp32_precision(dtype: torch.dtype) -> str | None:
+def fp32_precision(dtype: torch.dtype) -> str | None:
     """``tl.dot``'s input_precision: exact fp32 products for fp32, else the default."""
     return "ieee" if dtype == torch.float32 else None
 
@@ -165,7 +175,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
     batch, num_heads, head_dim = query.shape
     group = num_heads // cache.num_kv_heads
     out = torch.empty_like(query)
-    tile, num_warps, num_stages = _launch_config(head_dim, query.device, split=False)
+    tile, num_warps, num_stages = decode_launch_config(head_dim, query.device, split=False)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     stride_block, stride_token, stride_head = cache.strides()
     _decode_kernel_v1[(batch, cache.num_kv_heads)](
@@ -177,7 +187,7 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=cache.block_size,
         TILE=tile,
-        FP32_PRECISION=_fp32_precision(query.dtype),
+        FP32_PRECISION=fp32_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -202,7 +212,7 @@ def _paged_decode_kernel(
     start = split * per_split
     end = tl.minimum(length, start + per_split)
 
-    heads, row_ok, m, l, result = _attend_group(   # a split with no token: 0, l = 0
+    heads, row_ok, m, l, result = attend_group(   # a split with no token: 0, l = 0
         q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
         scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
         GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
@@ -221,9 +231,9 @@ def _paged_decode_kernel(
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
-                         num_splits, SPLITS_PAD: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+def merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
+                        num_splits, SPLITS_PAD: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     splits = tl.arange(0, SPLITS_PAD)
@@ -247,7 +257,7 @@ def _merge_splits_kernel(part_out_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
 _SM_COUNT: dict[int, int] = {}
 
 
-def _num_sms(device: torch.device) -> int:
+def device_sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (cached); a small stand-in else."""
     if device.type != "cuda":
         return 4                # the interpreter: small, so CPU runs split too
@@ -262,12 +272,12 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int,
                       min_tokens_per_split: int = 256, programs_per_sm: int = 2) -> int:
     """Split-KV factor: about ``programs_per_sm`` programs per SM, each over at least
     ``min_tokens_per_split`` tokens."""
-    wanted = programs_per_sm * _num_sms(device) // max(1, batch * num_kv_heads)
+    wanted = programs_per_sm * device_sm_count(device) // max(1, batch * num_kv_heads)
     return max(1, min(wanted, max_tokens // min_tokens_per_split, 64))
 
 
-def _split_ranges(length: int, num_splits: int, granule: int,
-                  min_split: int = 0) -> tuple[int, int]:
+def split_ranges(length: int, num_splits: int, granule: int,
+                 min_split: int = 0) -> tuple[int, int]:
     """(tokens per split, splits) of one sequence, as the kernel cuts it: ranges of
     whole granules, at least ``min_split`` tokens, none empty."""
     tokens_per_split = ceil_div(max(length, 1), num_splits)
@@ -283,18 +293,18 @@ def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
     chosen = num_splits is None
     if chosen:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
-    config = _launch_config(head_dim, device, num_splits > 1)
+    config = decode_launch_config(head_dim, device, num_splits > 1)
     granule = max(config[0], cache.block_size)
     if min_split is None:
         min_split = 256 if chosen else granule
     min_split = ceil_div(max(min_split, 1), granule) * granule
-    _, num_splits = _split_ranges(max_tokens, num_splits, granule, min_split)
+    _, num_splits = split_ranges(max_tokens, num_splits, granule, min_split)
     return num_splits, min_split, granule, config
 
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
-def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
-                  block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+def check_decode_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
     if query.dim() != 3:
         raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], "
@@ -326,8 +336,8 @@ def _check_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
 
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
-def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor) -> None:
+def check_block_tables(cache: PagedKVCache, block_tables: torch.Tensor,
+                       seq_lens: torch.Tensor) -> None:
     """Raise ``PagedAttentionError`` if a length does not fit its table row or a block
     it reads is outside the cache.
 
@@ -351,7 +361,8 @@ def _check_tables(cache: PagedKVCache, block_tables: torch.Tensor,
                                   f"but the cache has blocks 0..{cache.num_blocks - 1}")
 
 
-def _output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def decode_output(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The tensor a decode kernel writes: ``out`` checked against ``query``, or a new one."""
     if out is None:
         return torch.empty_like(query)
     if (out.shape != query.shape or out.dtype != query.dtype
@@ -384,10 +395,10 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     length beyond its table row or a block outside the cache raises
     ``PagedAttentionError``.
     """
-    _check_inputs(query, cache, layer, block_tables, seq_lens)
+    check_decode_inputs(query, cache, layer, block_tables, seq_lens)
     if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
-        _check_tables(cache, block_tables, seq_lens)
-    out = _output_for(query, out)
+        check_block_tables(cache, block_tables, seq_lens)
+    out = decode_output(query, out)
     batch, num_heads, head_dim = query.shape
     if batch == 0:
         return out
@@ -414,10 +425,10 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
         GROUP_PAD=max(16, triton.next_power_of_2(num_heads // cache.num_kv_heads)),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
         GRANULE=granule, SPLIT=num_splits > 1,
-        FP32_PRECISION=_fp32_precision(query.dtype),
+        FP32_PRECISION=fp32_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
-        _merge_splits_kernel[(batch, num_heads)](
+        merge_splits_kernel[(batch, num_heads)](
             part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad)

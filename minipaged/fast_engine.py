@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from minipaged.decode_attention import (PagedAttentionError, _attend_group,
-                                        _check_inputs, _check_tables, _fp32_precision,
-                                        _launch_config, _num_sms, _output_for)
+from minipaged.decode_attention import (PagedAttentionError, attend_group,
+                                        check_decode_inputs, check_block_tables, fp32_precision,
+                                        decode_launch_config, device_sm_count, decode_output)
 from minipaged.engine import StepLoop
 from minipaged.fp8_kv_cache import Fp8PagedKVCache
 from minipaged.kv_cache import PagedKVCache
@@ -840,9 +840,9 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
     if lens.size and lens.min() < 0:
         raise PagedAttentionError(f"seq_lens must be >= 0, got {int(lens.min())}")
     device = cache.storage.device if device is None else torch.device(device)
-    split_config = _launch_config(cache.head_dim, device, split=True)
+    split_config = decode_launch_config(cache.head_dim, device, split=True)
     granule = max(split_config[0], cache.block_size)
-    chunk = work_chunk(int(lens.sum()), cache.num_kv_heads, num_sms or _num_sms(device),
+    chunk = work_chunk(int(lens.sum()), cache.num_kv_heads, num_sms or device_sm_count(device),
                        granule, programs_per_sm, min_chunk)
     counts = np.maximum(1, -(-lens // chunk))
     first = np.zeros(lens.size + 1, dtype=np.int64)
@@ -854,7 +854,7 @@ def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
     packed = torch.from_numpy(np.concatenate([items.ravel(), first]).astype(np.int32))
     packed = packed.to(device)                      # one host-to-device copy
     any_split = bool(counts.max(initial=1) > 1)
-    config = split_config if any_split else _launch_config(cache.head_dim, device, False)
+    config = split_config if any_split else decode_launch_config(cache.head_dim, device, False)
     return DecodeWork(packed[:items.size].view(-1, 4), packed[items.size:], chunk,
                       any_split, config, cache.block_size)
 
@@ -873,7 +873,7 @@ def _balanced_decode_kernel(
     start = tl.load(items_ptr + 4 * item + 1)
     end = tl.load(items_ptr + 4 * item + 2)
     direct = tl.load(items_ptr + 4 * item + 3)
-    heads, row_ok, m, l, result = _attend_group(        # an empty item: zeros
+    heads, row_ok, m, l, result = attend_group(        # an empty item: zeros
         q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
         scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
         GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
@@ -929,15 +929,15 @@ def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: in
                              out: torch.Tensor | None = None) -> torch.Tensor:
     """Chapter 8's ``paged_attention`` with the work split by tokens: ``work`` is
     ``plan_decode_work`` of the same lengths (on the host) and cache."""
-    _check_inputs(query, cache, layer, block_tables, seq_lens)
+    check_decode_inputs(query, cache, layer, block_tables, seq_lens)
     batch, num_heads, head_dim = query.shape
     if work.first_item.numel() != batch + 1 or work.block_size != cache.block_size:
         raise PagedAttentionError(
             f"the work plan is for {work.first_item.numel() - 1} sequences at block size "
             f"{work.block_size}, the batch has {batch} at {cache.block_size}")
     if seq_lens.device.type == "cpu":
-        _check_tables(cache, block_tables, seq_lens)
-    out = _output_for(query, out)
+        check_block_tables(cache, block_tables, seq_lens)
+    out = decode_output(query, out)
     if batch == 0:
         return out
     query = query if query.stride(-1) == 1 else query.contiguous()
@@ -958,7 +958,7 @@ def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: in
         query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *cache.strides(), GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
-        FP32_PRECISION=_fp32_precision(query.dtype), num_warps=num_warps,
+        FP32_PRECISION=fp32_precision(query.dtype), num_warps=num_warps,
         num_stages=num_stages)
     if work.any_split:
         _merge_items_kernel[(batch, num_heads)](

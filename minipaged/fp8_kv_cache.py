@@ -17,11 +17,11 @@ import triton
 import triton.language as tl
 
 from minipaged.block_table import blocks_needed
-from minipaged.decode_attention import (PagedAttentionError, _check_tables,
-                                        _launch_config, _merge_splits_kernel,
-                                        _split_ranges, choose_num_splits)
-from minipaged.kv_cache import (KVCacheError, PagedKVCache, _copy_between,
-                                _copy_blocks_kernel, _pairs)
+from minipaged.decode_attention import (PagedAttentionError, check_block_tables,
+                                        decode_launch_config, merge_splits_kernel,
+                                        split_ranges, choose_num_splits)
+from minipaged.kv_cache import (KVCacheError, PagedKVCache, copy_blocks_between,
+                                copy_blocks_kernel, block_pairs)
 from minipaged.qwen3 import ForwardBatch
 from minipaged.sizing import block_bytes, ceil_div
 
@@ -241,13 +241,13 @@ class Fp8PagedKVCache(PagedKVCache):
 
     def copy_blocks(self, pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy-on-write of blocks and their scales (``PagedKVCache.copy_blocks``)."""
-        pairs = _pairs(self, pairs)
+        pairs = block_pairs(self, pairs)
         PagedKVCache.copy_blocks(self, pairs)             # validates, copies the values
         if not pairs:
             return
         block_numel = self.num_kv_heads * self.block_size
         table = torch.tensor(pairs, dtype=torch.int64, device=self.device)
-        _copy_blocks_kernel[(len(pairs), 2 * self.num_layers, 1)](
+        copy_blocks_kernel[(len(pairs), 2 * self.num_layers, 1)](
             self.scales, table, self.num_blocks * block_numel, block_numel,
             CHUNK=triton.next_power_of_2(block_numel))
 
@@ -277,7 +277,7 @@ class Fp8PagedKVCache(PagedKVCache):
         scores and sums in fp32. ``query`` is fp32, fp16 or bf16."""
         self._check_query(query, layer, block_tables, seq_lens)
         if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
-            _check_tables(self, block_tables, seq_lens)
+            check_block_tables(self, block_tables, seq_lens)
         out = torch.empty_like(query)
         batch, num_heads, head_dim = query.shape
         if batch == 0:
@@ -296,7 +296,7 @@ class Fp8PagedKVCache(PagedKVCache):
             launch = _fp8_launch_config(head_dim, device, True, query.dtype)
         tile = launch.tile
         min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
-        _, num_splits = _split_ranges(max_tokens, num_splits, tile, min_split)
+        _, num_splits = split_ranges(max_tokens, num_splits, tile, min_split)
         dim_pad = triton.next_power_of_2(head_dim)
         part_out = part_ml = out                # unused without a split
         if num_splits > 1:
@@ -320,7 +320,7 @@ class Fp8PagedKVCache(PagedKVCache):
             num_warps=launch.warps, num_stages=launch.stages,
             **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
         if num_splits > 1:
-            _merge_splits_kernel[(batch, num_heads)](
+            merge_splits_kernel[(batch, num_heads)](
                 part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
                 SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
                 DIM_PAD=dim_pad)
@@ -429,7 +429,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         a, b = copy.copy(src), copy.copy(dst)   # shallow: same tensors, same geometry
         a.storage, b.storage = ((c.storage.view(torch.uint8) if values else c.scales)
                                 for c in (src, dst))
-        _copy_between(a, b, pairs)
+        copy_blocks_between(a, b, pairs)
 
 
 # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
@@ -560,7 +560,7 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
                        dtype: torch.dtype) -> Fp8Launch:
     """The fp8 decode kernel's launch for a query of ``dtype``."""
     if device.type != "cuda" or dtype == torch.float32:    # fp32 tiles: chapter 8's
-        return Fp8Launch(*_launch_config(head_dim, device, split), tl.float32)
+        return Fp8Launch(*decode_launch_config(head_dim, device, split), tl.float32)
     if head_dim > 128:
         return Fp8Launch(64, 4, 3, tl.float16)
     return Fp8Launch(128, 4, 3, tl.float16, max_registers=128,  # measured on the H200,

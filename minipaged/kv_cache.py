@@ -24,6 +24,10 @@ __all__ = [
     "LAYOUTS",
     "write_kv_reference",
     "copy_blocks_reference",
+    # shared with chapter 12's FP8 cache
+    "block_pairs",
+    "copy_blocks_kernel",
+    "copy_blocks_between",
 ]
 
 LAYOUTS = ("NHD", "HND")
@@ -204,7 +208,7 @@ class PagedKVCache:
         No destination may appear twice or also be a source (raises ``KVCacheError``, copies
         nothing). The pairs are validated on the CPU, then one launch copies all of them.
         """
-        pairs = _pairs(self, pairs)
+        pairs = block_pairs(self, pairs)
         if {dst for _, dst in pairs} & {src for src, _ in pairs}:
             raise KVCacheError(f"a block is both a source and a destination in {pairs}: "
                                + f"split the copy")
@@ -214,7 +218,7 @@ class PagedKVCache:
         chunk = min(4096, triton.next_power_of_2(block_numel))
         table = torch.tensor(pairs, dtype=torch.int64, device=self.storage.device)
         grid = (len(pairs), 2 * self.num_layers, triton.cdiv(block_numel, chunk))
-        _copy_blocks_kernel[grid](self.storage, table, self.num_blocks * block_numel,
+        copy_blocks_kernel[grid](self.storage, table, self.num_blocks * block_numel,
                                   block_numel, CHUNK=chunk)
 
     # %% chapters/07_paged_kv_cache.md § Swapping to CPU memory
@@ -228,13 +232,13 @@ class PagedKVCache:
     def swap_out(self, cpu_cache: "PagedKVCache",
                  pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy blocks ``(gpu_block, cpu_block)`` of this cache into ``cpu_cache``."""
-        _copy_between(self, cpu_cache, pairs)
+        copy_blocks_between(self, cpu_cache, pairs)
 
 
     def swap_in(self, cpu_cache: "PagedKVCache",
                 pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` back into this cache."""
-        _copy_between(cpu_cache, self, pairs)
+        copy_blocks_between(cpu_cache, self, pairs)
 
 
 # %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots
@@ -273,8 +277,8 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num
 
 
 # %% chapters/07_paged_kv_cache.md § Copying blocks: copy-on-write
-def _pairs(cache: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Tensor,
-           num_dst_blocks: int | None = None) -> list[tuple[int, int]]:
+def block_pairs(cache: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Tensor,
+                num_dst_blocks: int | None = None) -> list[tuple[int, int]]:
     """Validate (src, dst) block pairs against this cache (and a destination's size)."""
     if isinstance(pairs, torch.Tensor):
         pairs = pairs.tolist()
@@ -294,15 +298,15 @@ def _pairs(cache: PagedKVCache, pairs: Iterable[tuple[int, int]] | torch.Tensor,
 def copy_blocks_reference(cache: PagedKVCache,
                           pairs: Iterable[tuple[int, int]]) -> None:
     """Plain-PyTorch ``cache.copy_blocks``: block ``dst`` := block ``src``, K and V."""
-    pairs = _pairs(cache, pairs)
+    pairs = block_pairs(cache, pairs)
     if pairs:
         src, dst = (torch.tensor(x, device=cache.storage.device) for x in zip(*pairs))
         cache.storage[:, :, dst] = cache.storage[:, :, src]
 
 
 @triton.jit
-def _copy_blocks_kernel(storage_ptr, pairs_ptr, stride_plane, block_numel,
-                        CHUNK: tl.constexpr):
+def copy_blocks_kernel(storage_ptr, pairs_ptr, stride_plane, block_numel,
+                       CHUNK: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     plane = tl.program_id(1).to(tl.int64)            # layer * 2 + (0 for K, 1 for V)
     chunk = tl.program_id(2).to(tl.int64)
@@ -324,15 +328,15 @@ def _check_same_geometry(a: PagedKVCache, b: PagedKVCache) -> None:
                            f"identical block shapes")
 
 
-def _copy_between(src_cache: PagedKVCache, dst_cache: PagedKVCache,
-                  pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
+def copy_blocks_between(src_cache: PagedKVCache, dst_cache: PagedKVCache,
+                        pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
     """Blocks ``(src, dst)`` of ``src_cache`` into ``dst_cache``: gather, copy, scatter.
 
     Between a GPU and the host the transfer goes through a page-locked staging tensor,
     so that it is one DMA copy at full link speed.
     """
     _check_same_geometry(src_cache, dst_cache)
-    pairs = _pairs(src_cache, pairs, num_dst_blocks=dst_cache.num_blocks)
+    pairs = block_pairs(src_cache, pairs, num_dst_blocks=dst_cache.num_blocks)
     if not pairs:
         return
     src_storage, dst_storage = src_cache.storage, dst_cache.storage

@@ -75,3 +75,11 @@ def test_a_cache_format_sits_below_the_engine():
     imported = {node.module for node in ast.walk(modules()["fp8_kv_cache"])
                 if isinstance(node, ast.ImportFrom)}
     assert not imported & {"minipaged.engine", "minipaged.model_runner", "minipaged.sampler"}
+
+
+def test_no_module_imports_a_private_name_of_another():
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minipaged"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, (name, node.module, private)

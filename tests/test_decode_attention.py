@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minipaged.decode_attention import (PagedAttentionError, _split_ranges, choose_num_splits,
+from minipaged.decode_attention import (PagedAttentionError, split_ranges, choose_num_splits,
                                         paged_attention,
                                         paged_attention_reference)
 from minipaged.kv_cache import KVCacheError, PagedKVCache
@@ -163,11 +163,11 @@ def test_ragged_lengths_wide_tables_and_any_split_give_the_same_answer(splits, m
 
 
 def test_split_ranges_follow_each_length():
-    assert _split_ranges(1000, 4, granule=64) == (256, 4)
-    assert _split_ranges(100, 4, granule=64) == (64, 2)
-    assert _split_ranges(100, 4, granule=64, min_split=256) == (256, 1)
+    assert split_ranges(1000, 4, granule=64) == (256, 4)
+    assert split_ranges(100, 4, granule=64) == (64, 2)
+    assert split_ranges(100, 4, granule=64, min_split=256) == (256, 1)
     for length in range(1, 600, 7):
-        per, used = _split_ranges(length, 5, granule=16, min_split=48)
+        per, used = split_ranges(length, 5, granule=16, min_split=48)
         assert per % 16 == 0 and per >= 48 and (used - 1) * per < length <= used * per
 
 
@@ -185,7 +185,7 @@ def test_teaching_version_1_matches_the_reference(block_size, group, dtype):
 
 
 def test_precision_is_set_only_for_fp32():
-    from minipaged.decode_attention import _fp32_precision
+    from minipaged.decode_attention import fp32_precision
 
-    assert _fp32_precision(torch.float32) == "ieee"
-    assert _fp32_precision(torch.float16) is None and _fp32_precision(torch.bfloat16) is None
+    assert fp32_precision(torch.float32) == "ieee"
+    assert fp32_precision(torch.float16) is None and fp32_precision(torch.bfloat16) is None

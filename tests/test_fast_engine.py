@@ -395,7 +395,7 @@ def test_profile_engine_sorts_kernels_into_classes():
     from benchmarks.profile_engine import kernel_class
 
     names = {
-        "_paged_decode_kernel": "attention", "_merge_splits_kernel": "attention",
+        "_paged_decode_kernel": "attention", "merge_splits_kernel": "attention",
         "pytorch_flash::flash_fwd_kernel": "attention",
         "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NNT": "GEMM",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64": "GEMM",
