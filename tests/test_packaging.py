@@ -37,7 +37,8 @@ def run(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    pytest.importorskip("setuptools", minversion="77")  # the SPDX `license` string needs 77
+    # the SPDX `license` string needs setuptools 77 (the dev extras install it)
+    pytest.importorskip("setuptools", minversion="77")
     src = tmp_path_factory.mktemp("src")
     for name in PROJECT_FILES:
         shutil.copy(ROOT / name, src / name)
