@@ -12,6 +12,7 @@ TORCH_INDEX ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 JOBS ?= 2
 CHAPTERS ?=
+CH ?=
 
 .PHONY: help book test export check-sync test-unit test-chapters test-exercises check-exercises \
         gpu-test gpu-status browser-check clean
@@ -19,12 +20,20 @@ CHAPTERS ?=
 help:
 	@echo "make book             build the book (every chapter executed); prints where index.html is"
 	@echo "make test             sync check, unit tests, every chapter under nbval, exercise checks"
-	@echo "make check-exercises  check YOUR answers in exercises/"
+	@echo "make check-exercises  your exercise report: per chapter, solved / not yet / wrong, with hints"
+	@echo "                      (CH=03 for one chapter, CH=\"03 05\" for two)"
+	@echo ""
 	@echo "make export           regenerate minipaged/ and notebooks/ from chapters/"
+	@echo "make check-sync       fail with a diff when minipaged/ or notebooks/ lag behind chapters/"
+	@echo "make test-unit        the unit tests and the exercise checks on solutions/ (JOBS=2 workers)"
+	@echo "make test-chapters    every chapter under nbval (CHAPTERS=\"01 03\" for some)"
+	@echo "make test-exercises   the exercise checks and their self-tests on the reference solutions/"
 	@echo "make gpu-test         the GPU runner (nbval on every chapter + benchmarks) on this machine"
 	@echo "make gpu-status       which chapters changed since their last green GPU run"
 	@echo "                      (RECORD=gpu-out/gpu_run_<date>.json folds a run into the ledger first)"
 	@echo "make browser-check    build the book and check pages in headless Chromium"
+	@echo "make clean            remove _build, gpu-out and .pytest_cache"
+	@echo "make help             this list"
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,15 +61,16 @@ test: check-sync test-unit test-chapters
 test-exercises: $(STAMP)
 	MINIPAGED_ANSWERS=solutions $(PY) -m pytest -q tests/exercises
 
+# Exit status 0 while nothing is wrong: an unsolved stub is "not yet", a wrong answer an error.
 check-exercises: $(STAMP)
-	MINIPAGED_ANSWERS=exercises $(PY) -m pytest -q -p no:randomly tests/exercises
+	@$(PY) tools/exercise_report.py --answers exercises $(CH)
 
 book: export
 	$(VENV)/bin/jupyter-book build .
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-gpu-test:
-	OUT=$${OUT:-$(CURDIR)/gpu-out} bash tools/gpu_run.sh
+gpu-test: $(STAMP)
+	PY=$(abspath $(PY)) OUT=$${OUT:-$(CURDIR)/gpu-out} bash tools/gpu_run.sh
 
 gpu-status:
 	$(PYTHON) tools/gpu_status.py $(if $(RECORD),--record $(RECORD))

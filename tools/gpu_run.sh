@@ -5,7 +5,8 @@
 #   bash tools/gpu_run.sh [chapters] [compile] [bench]      (default: all three)
 #   OUT=dir CHAPTERS="07 08" BENCHES="decode_attention" bash tools/gpu_run.sh
 #
-# On your own GPU machine: `make gpu-test` (needs the dev extras installed: `pip install -e '.[dev]'`).
+# On your own GPU machine: `make gpu-test` (it installs the dev extras into .venv and runs this script
+# with PY=.venv/bin/python; run directly, PY defaults to python3).
 # On the course's offline H200, the Jupyter/nbval wheels travel in .whl/ (fetched with
 # ../shared/gpu/fetch-wheels.sh) and are installed into /tmp/site first.
 # At most a handful of files come back from the H200, so logs are merged: gpu_run_<date>.json (per

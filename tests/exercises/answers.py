@@ -9,13 +9,23 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 FOLDERS = ("exercises", "solutions")
 
 
+def answers_dir() -> Path:
+    """The folder $MINIPAGED_ANSWERS names: `exercises` (the default), `solutions`, or the path of
+    another folder of answers laid out like exercises/ (the report's own tests use one)."""
+    folder = os.environ.get("MINIPAGED_ANSWERS", "exercises")
+    if folder in FOLDERS:
+        return ROOT / folder
+    if os.path.isabs(folder) and os.path.isdir(folder):
+        return Path(folder)
+    raise ValueError(f"MINIPAGED_ANSWERS must be one of {FOLDERS} or an absolute path to a "
+                     f"folder, not {folder!r}")
+
+
 def load(name: str) -> ModuleType:
     """Import `<folder>/<name>.py`, the folder chosen by $MINIPAGED_ANSWERS (default: exercises)."""
-    folder = os.environ.get("MINIPAGED_ANSWERS", "exercises")
-    if folder not in FOLDERS:
-        raise ValueError(f"MINIPAGED_ANSWERS must be one of {FOLDERS}, not {folder!r}")
-    path = ROOT / folder / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{folder}_{name}", path)
+    folder = answers_dir()
+    path = folder / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{folder.name}_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -163,6 +163,7 @@ class RollsBackOnlyWhenOutOfBlocks(Snapshot):
         return isinstance(error, NoFreeBlocksError)
 
 
+@pytest.mark.grader
 def test_4_2_a_correct_snapshot_passes_the_grading():
     grade_atomic_step(Snapshot)
 
@@ -170,6 +171,7 @@ def test_4_2_a_correct_snapshot_passes_the_grading():
 @pytest.mark.parametrize("buggy", [NoRollback, ChecksFreeBlocksOnly, RestoresBlocksInWrongOrder,
                                    ForgetsNewRequests, SwallowsTheError,
                                    RollsBackOnlyWhenOutOfBlocks])
+@pytest.mark.grader
 def test_4_2_grading_catches_planted_bugs(buggy):
     with pytest.raises(AssertionError, match="changed the manager|did not reach|must raise"):
         grade_atomic_step(buggy)

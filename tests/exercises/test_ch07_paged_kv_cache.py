@@ -97,10 +97,12 @@ def v_right(b, o, h, d, H, D, B):
     planted(k_right, lambda b, o, h, d, H, D, B: ((b * H + h) * B + o) * D + d),  # V as HND
     planted(lambda b, o, h, d, H, D, B, x: ((b * H + h) * B + o) * D + d, v_right),  # K as HND
 ])
+@pytest.mark.grader
 def test_7_2_the_grader_rejects_planted_bugs(bug):
     with pytest.raises(AssertionError):
         check_v0_writer(bug)
 
 
+@pytest.mark.grader
 def test_7_2_the_grader_accepts_a_correct_pytorch_writer():
     check_v0_writer(planted(k_right, v_right))

@@ -88,6 +88,7 @@ def planted(lo_of):
     planted(lambda n, w: max(0, n - w + 1)),             # one token too few
     planted(lambda n, w: 0),                             # no window at all
 ])
+@pytest.mark.grader
 def test_8_2_the_grader_rejects_planted_bugs(bug):
     with pytest.raises(AssertionError):
         check_window(bug)

@@ -132,12 +132,14 @@ class Correct(_Base):
         return max(reversed(candidates), key=lambda s: self.priority.get(s.request_id, 0))
 
 
+@pytest.mark.grader
 def test_10_2_the_grader_accepts_a_correct_policy():
     check_priority_scheduler(Correct)
 
 
 @pytest.mark.parametrize("bug", [IgnoresPriority, Inverted, OldestAmongEquals,
                                  ChoosesAmongAllRunning])
+@pytest.mark.grader
 def test_10_2_the_grader_rejects_planted_bugs(bug):
     with pytest.raises(AssertionError):
         check_priority_scheduler(bug)

@@ -68,16 +68,19 @@ def test_13_1_rms_norm():
     grade_rms_norm(ex.rms_norm)
 
 
+@pytest.mark.grader
 def test_13_1_the_grader_passes_a_correct_kernel():
     grade_rms_norm(planted(0))
 
 
 @pytest.mark.parametrize("bug", [1, 2, 3])
+@pytest.mark.grader
 def test_13_1_the_grader_rejects_planted_bugs(bug):
     with pytest.raises(AssertionError):
         grade_rms_norm(planted(bug))
 
 
+@pytest.mark.grader
 def test_13_1_a_padded_mean_hides_at_power_of_two_sizes():
     grade_rms_norm(planted(1), sizes=((2, 64), (3, 16)))    # why the grader uses odd sizes
 
