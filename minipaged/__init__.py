@@ -150,6 +150,7 @@ _ELSEWHERE = {
     "attention_parity": "qwen3",
     "GreedyTrace": "qwen3",
     "greedy_generate": "qwen3",
+    "SAMPLING_EPS": "scheduler",
     "SequenceStatus": "scheduler",
     "Sequence": "scheduler",
     "ScheduledChunk": "scheduler",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import operator
 import time
 from collections.abc import Callable, Mapping
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from minipaged.block_table import blocks_needed
 from minipaged.model_runner import ModelRunner
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import Qwen3PagedModel
@@ -129,8 +131,11 @@ class _Request:
 
 
 def _prompt_list(prompts) -> list:
-    """A list of prompts: one prompt alone (text or token ids) becomes a list of one."""
-    one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+    """A list of prompts: one prompt alone (text or token ids) becomes a list of one. A
+    tensor or array of token ids is one prompt (1-D) or a batch of prompts (2-D)."""
+    if hasattr(prompts, "tolist") and not isinstance(prompts, (str, list)):
+        prompts = prompts.tolist()
+    one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral))
     return [prompts] if one else prompts
 
 
@@ -146,10 +151,15 @@ def _load_model(model, tokenizer, device):
     return model, tokenizer
 
 
-def _eos_id(config, tokenizer) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
-    return eos[0] if isinstance(eos, (list, tuple)) else eos
+def _eos_ids(config, tokenizer) -> list[int]:
+    """Every end-of-sequence id: the tokenizer's, then the config's (one id or a list)."""
+    ids = []
+    for source in (tokenizer, config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        for token in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if token is not None and token not in ids:
+                ids.append(token)
+    return ids
 
 
 class CacheFormat(NamedTuple):
@@ -173,6 +183,30 @@ def _model_dtype_block_bytes(model, block_size: int) -> int:
 
 MODEL_DTYPE_CACHE = CacheFormat(_new_model_dtype_cache, _model_dtype_block_bytes)
 """``kv_cache_dtype="auto"``: chapter 7's ``PagedKVCache`` in the model's dtype."""
+
+
+def _check_engine_args(device, gpu_memory_utilization) -> None:
+    """Raise ``ValueError`` for a device or a memory fraction the engine cannot use."""
+    if (device is not None and torch.device(device).type == "cuda"
+            and not torch.cuda.is_available()):
+        raise ValueError(f"device='{torch.device(device)}' but no CUDA GPU is available: "
+                         + "use device='cpu' or None")
+    if (not isinstance(gpu_memory_utilization, numbers.Real)
+            or not 0 < gpu_memory_utilization <= 1):
+        raise ValueError("gpu_memory_utilization must be a fraction in (0, 1], got "
+                         + f"{gpu_memory_utilization!r}")
+
+
+def _model_len(max_model_len: int | None, positions: int) -> int:
+    """``max_model_len`` checked against the model's positions (``None``: all of them)."""
+    if max_model_len is None:
+        return positions
+    if (isinstance(max_model_len, bool) or not isinstance(max_model_len, numbers.Integral)
+            or not 1 <= max_model_len <= positions):
+        raise ValueError(f"max_model_len must be an integer in [1, {positions}] (the "
+                         + "model's positions) or None (all of them), got "
+                         + f"{max_model_len!r}")
+    return int(max_model_len)
 
 
 # %% chapters/11_engine.md § The LLMEngine class
@@ -205,11 +239,12 @@ class LLMEngine:
         if kv_cache_dtype not in parts.cache_formats:
             raise ValueError(f"kv_cache_dtype must be one of {sorted(parts.cache_formats)}, "
                              + f"got {kv_cache_dtype!r}")
+        _check_engine_args(device, gpu_memory_utilization)
         cache_format = parts.cache_formats[kv_cache_dtype]
         model, self.tokenizer = _load_model(model, tokenizer, device)
         self.model = parts.prepare_model(model)
         config = self.model.config
-        self.max_model_len = max_model_len or config.max_position_embeddings
+        self.max_model_len = _model_len(max_model_len, config.max_position_embeddings)
         if num_blocks is None:
             num_blocks = self._auto_num_blocks(cache_format.block_bytes(self.model, block_size),
                                                gpu_memory_utilization, max_num_batched_tokens)
@@ -235,7 +270,9 @@ class LLMEngine:
             single_forward=parts.single_forward)
         self.loop = parts.step_loop(self)
         self.check_invariants = check_invariants
-        self.eos_token_id = _eos_id(config, self.tokenizer)
+        eos = _eos_ids(config, self.tokenizer)
+        self.eos_token_id = eos[0] if eos else None
+        self.extra_eos_token_ids = tuple(eos[1:])  # stop tokens of every request
         self.requests: dict[int, _Request] = {}
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
@@ -270,8 +307,12 @@ class LLMEngine:
         """
         params = params or SamplingParams()
         text, ids = self._tokenize(prompt)
-        self._check_request(ids, params)
+        _check_request(ids, params, self.model.config.vocab_size, self.scheduler)
         self.scheduler.check_prompt(len(ids))
+        _check_fits_cache(len(ids), params, self.scheduler)
+        if self.extra_eos_token_ids and not params.ignore_eos:  # a copy: the caller's stays
+            params = replace(params, stop_token_ids=(*params.stop_token_ids,
+                                                     *self.extra_eos_token_ids))
         request_id = next(self._request_ids)
         seq = self._new_sequence(request_id, ids, params, 0)
         self.requests[request_id] = _Request(request_id, text, ids, params, [seq])
@@ -291,37 +332,13 @@ class LLMEngine:
                 raise TypeError("text prompts need a tokenizer: pass token ids, "
                                 + "or a model with one")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
+        if hasattr(prompt, "tolist"):  # a tensor or an array of token ids
+            prompt = prompt.tolist()
         try:
             return None, [operator.index(t) for t in prompt]
         except TypeError:
-            raise InvalidRequestError("token ids must be integers, got "
-                                      + f"{list(prompt)[:8]}") from None
-
-
-    def _check_request(self, ids: list[int], params: SamplingParams) -> None:
-        """Raise ``InvalidRequestError`` if the request can never be valid."""
-        vocab = self.model.config.vocab_size
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("expected SamplingParams, got "
-                                      + type(params).__name__)
-        tokens = (*ids, *params.stop_token_ids)
-        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
-            bad = [t for t in tokens if not 0 <= t < vocab]
-            raise InvalidRequestError(f"token ids {bad[:8]} are outside the vocabulary "
-                                      + f"[0, {vocab})")
-        if not math.isfinite(params.temperature):
-            raise InvalidRequestError("temperature must be finite, got "
-                                      + f"{params.temperature}")
-        if params.top_k < -1:
-            raise InvalidRequestError("top_k must be -1 or 0 (off) or >= 1, got "
-                                      + f"{params.top_k}")
-        seed = params.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InvalidRequestError(f"seed must be an integer or None, got {seed!r}")
-        seats = self.scheduler.config.max_num_seqs
-        if params.n > seats:
-            raise InvalidRequestError(f"n = {params.n} sequences never fit the running batch "
-                                      + f"(max_num_seqs = {seats})")
+            shown = list(prompt)[:8] if hasattr(prompt, "__iter__") else prompt
+            raise InvalidRequestError(f"token ids must be integers, got {shown}") from None
 
 
     def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
@@ -393,9 +410,14 @@ class LLMEngine:
         """Generate for every prompt; one ``RequestOutput`` per prompt, in prompt order.
 
         ``prompts``: token-id lists, or strings when a tokenizer exists (one prompt alone is
-        fine). A prompt that can never be served comes back with ``error`` set; the others
-        are served.
+        fine; a 2-D tensor or array is a batch). A prompt that can never be served comes back
+        with ``error`` set; the others are served. Raises ``EngineError`` while requests
+        queued with ``add_request`` are unfinished.
         """
+        if self.has_unfinished_requests():
+            raise EngineError("generate() would take over the requests queued with "
+                              + "add_request() and lose their outputs: finish them with step() "
+                              + "or abort them with abort_request() first")
         prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
@@ -576,6 +598,43 @@ class LLMEngine:
         for seq, _ in result:  # after the forks: no child inherits a sibling's token
             manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
         return result
+
+
+# %% chapters/11_engine.md § The LLMEngine class
+def _check_request(ids: list[int], params: SamplingParams, vocab: int,
+                   scheduler: Scheduler) -> None:
+    """Raise ``InvalidRequestError`` if the request can never be valid."""
+    if not isinstance(params, SamplingParams):
+        raise InvalidRequestError("expected SamplingParams, got "
+                                  + type(params).__name__)
+    tokens = (*ids, *params.stop_token_ids)
+    if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        raise InvalidRequestError(f"token ids {bad[:8]} are outside the vocabulary "
+                                  + f"[0, {vocab})")
+    if not math.isfinite(params.temperature):
+        raise InvalidRequestError("temperature must be finite, got "
+                                  + f"{params.temperature}")
+    if params.top_k < -1:
+        raise InvalidRequestError("top_k must be -1 or 0 (off) or >= 1, got "
+                                  + f"{params.top_k}")
+    seats = scheduler.config.max_num_seqs
+    if params.n > seats:
+        raise InvalidRequestError(f"n = {params.n} sequences never fit the running batch "
+                                  + f"(max_num_seqs = {seats})")
+
+
+def _check_fits_cache(num_prompt_tokens: int, params: SamplingParams,
+                      scheduler: Scheduler) -> None:
+    """Raise ``PromptTooLongError`` if prompt + ``max_tokens`` can never fit the cache."""
+    tokens = min(num_prompt_tokens + params.max_tokens, scheduler.config.max_model_len)
+    blocks = blocks_needed(tokens, scheduler.block_size)
+    usable = scheduler.num_total_blocks - scheduler.config.watermark_blocks
+    if blocks > usable:
+        raise PromptTooLongError(
+            f"prompt of {num_prompt_tokens} tokens + max_tokens={params.max_tokens} needs "
+            + f"{blocks} KV blocks but the cache has {usable}: give it more blocks "
+            + "(num_blocks), lower max_tokens or shorten the prompt")
 
 
 # %% chapters/11_engine.md § One step

@@ -593,15 +593,28 @@ def as_fast_model(model: Qwen3PagedModel) -> FastQwen3Model:
 
 
 class FusedSampler(Sampler):
-    """Chapter 11's sampling part with one kernel for the steps whose rows need
-    neither top-k nor top-p; those that do go through chapter 11's ``sample``."""
+    """Chapter 11's sampling part with one kernel for the rows that need neither top-k
+    nor top-p; those that do go through chapter 11's ``sample``. Each row is routed on
+    its own, so a seeded row draws the same tokens whatever shares its batch."""
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        params = [s.params for s in seqs]
-        if all(p.greedy for p in params) or not fused_sampling_applies(params,
-                                                                        logits.shape[1]):
+        vocab, device = logits.shape[1], logits.device
+        if all(s.params.greedy for s in seqs):
             return super().__call__(logits, seqs)
-        return sample_fused(logits, *sampling_inputs(seqs, logits.device))
+        fused = [fused_sampling_applies([s.params], vocab) for s in seqs]
+        if all(fused):
+            return sample_fused(logits, *sampling_inputs(seqs, device))
+        if not any(fused):
+            return super().__call__(logits, seqs)
+        fast = [row for row, f in enumerate(fused) if f]
+        slow = [row for row, f in enumerate(fused) if not f]
+        fast_rows, slow_rows = (to_device(torch.tensor(r), device) for r in (fast, slow))
+        tokens = torch.empty(len(seqs), dtype=torch.int32, device=device)
+        tokens[fast_rows] = sample_fused(logits[fast_rows], *sampling_inputs(
+            [seqs[row] for row in fast], device))
+        tokens[slow_rows] = super().__call__(logits[slow_rows],
+                                             [seqs[row] for row in slow]).to(torch.int32)
+        return tokens
 
 
 # %% chapters/13_fast_engine.md § Chunked prefill, in the decode batch

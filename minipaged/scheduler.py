@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import enum
+import numbers
+import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from minipaged.block_manager import StepReservation
 from minipaged.block_table import blocks_needed
 
 __all__ = [
+    "SAMPLING_EPS",
     "SamplingParams",
     "SequenceStatus",
     "Sequence",
@@ -38,13 +41,24 @@ class PromptTooLongError(ValueError):
 
 
 # %% chapters/10_scheduler.md § Requests and sequences
+SAMPLING_EPS = 1e-5
+"""A temperature below this is greedy (vLLM's ``_SAMPLING_EPS``): dividing logits by
+a tinier one can overflow."""
+
+
+def _is_int(value) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into tokens, and when to stop (vLLM's names).
 
-    ``temperature=0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` switch those filters
-    off. ``n`` samples per prompt share the prompt's KV blocks (fork). ``seed`` makes
-    one request's samples reproducible whatever else is in the batch.
+    ``temperature=0`` (or anything below ``SAMPLING_EPS``) is greedy. ``top_k <= 0`` and
+    ``top_p == 1`` switch those filters off. ``n`` samples per prompt share the prompt's
+    KV blocks (fork). ``seed`` makes one request's samples reproducible whatever else is
+    in the batch.
     """
 
     n: int = 1
@@ -57,25 +71,32 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be a positive integer, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(
-                f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+        for name in ("n", "max_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.temperature, numbers.Real) or self.temperature < 0:
+            raise ValueError("temperature must be a number >= 0 (0 = greedy), got "
+                             f"{self.temperature!r}")
+        if not isinstance(self.top_p, numbers.Real) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k):
             raise ValueError(
                 f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(
-                f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        stop = tuple(int(t) for t in self.stop_token_ids)
-        object.__setattr__(self, "stop_token_ids", stop)
+        if self.seed is not None:
+            if not _is_int(self.seed):
+                raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            object.__setattr__(self, "seed", operator.index(self.seed))
+        stop = self.stop_token_ids
+        if isinstance(stop, (str, bytes)) or not hasattr(stop, "__iter__") or not all(
+                _is_int(t) for t in stop):
+            raise ValueError("stop_token_ids must be a sequence of integers (token ids), "
+                             f"got {stop!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(operator.index(t) for t in stop))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
 
 # %% chapters/10_scheduler.md § Requests and sequences

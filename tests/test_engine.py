@@ -235,7 +235,6 @@ def test_run_stats_count_what_the_roofline_and_latency_metrics_need(setup):
     ([1.5, 2.0], GREEDY),                                 # not integers
     ([1, 2], SamplingParams(top_k=-5)),                   # -1 and 0 are "off", -5 is wrong
     ([1, 2], SamplingParams(temperature=float("nan"))),
-    ([1, 2], SamplingParams(seed=1.5)),
     ([1, 2], SamplingParams(stop_token_ids=(600,))),
     ([1, 2], {"temperature": 0}),                          # not a SamplingParams
 ])
