@@ -161,6 +161,7 @@ _ELSEWHERE = {
     "CacheFormat": "engine",
     "MODEL_DTYPE_CACHE": "engine",
     "StepLoop": "engine",
+    "EngineBusyError": "engine",
     "make_generator": "sampler",
     "sample": "sampler",
     "Sampler": "sampler",

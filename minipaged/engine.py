@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
 import operator
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -39,6 +41,7 @@ __all__ = [
     "StepLoop",
     "EngineParts",
     "LLMEngine",
+    "EngineBusyError",
 ]
 
 
@@ -49,6 +52,39 @@ class EngineError(RuntimeError):
 class InvalidRequestError(ValueError):
     """A request that is wrong in itself (a token id outside the vocabulary, a float
     token, a sampling setting out of range); nothing of it was queued."""
+
+
+class EngineBusyError(EngineError):
+    """A call reached the engine while another call was running in it: from a second
+    thread, or from inside a step (a model hook, a callback). Nothing of it was done."""
+
+
+def exclusive(method):
+    """One caller at a time: a call from another thread while a call runs, or any call
+    while a step runs, is refused with ``EngineBusyError``; the calls one call makes of
+    the engine between steps (``generate`` adds its requests, then steps) pass."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        me = threading.get_ident()
+        with self._entry:
+            other_thread = self._owner not in (None, me)
+            if self._stepping or other_thread:
+                where = "from another thread" if other_thread else "inside a step"
+                raise EngineBusyError(
+                    f"{method.__name__}() reached the engine {where} while another call "
+                    + "runs in it: drive an engine from one thread, one call at a time "
+                    + "(a server runs one loop that owns the engine)")
+            self._owner, self._depth = me, self._depth + 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._entry:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._owner = None
+
+    return guarded
 
 
 # %% chapters/11_engine.md § What generate returns
@@ -276,6 +312,8 @@ class LLMEngine:
         self.requests: dict[int, _Request] = {}
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
+        self._entry = threading.Lock()  # guards the three fields below (``exclusive``)
+        self._owner, self._depth, self._stepping = None, 0, False
 
     # %% chapters/11_engine.md § The LLMEngine class
     def _auto_num_blocks(self, per_block: int, utilization: float, max_tokens: int) -> int:
@@ -299,6 +337,7 @@ class LLMEngine:
         return self.model.parameters()
 
 
+    @exclusive
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
         """Queue one prompt (token ids, or text with a tokenizer); returns its request id.
 
@@ -348,10 +387,15 @@ class LLMEngine:
         return seq
 
     # %% chapters/11_engine.md § One step
+    @exclusive
     def step(self) -> list[RequestOutput]:
         """One step of the engine's loop. Returns the requests that finished in it (and
         forgets them)."""
-        finished = self.loop.step()
+        self._stepping = True
+        try:
+            finished = self.loop.step()
+        finally:
+            self._stepping = False
         if self.check_invariants:
             self.scheduler.check_invariants()
         return finished
@@ -404,6 +448,7 @@ class LLMEngine:
         return outputs
 
     # %% chapters/11_engine.md § generate
+    @exclusive
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -481,6 +526,7 @@ class LLMEngine:
                 for i in range(1, seq.params.n)]
 
     # %% chapters/11_engine.md § Cancellation and errors
+    @exclusive
     def abort_request(self, request_id: int) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         self.loop.settle()  # its tokens in flight first: its output holds no placeholder
@@ -515,6 +561,7 @@ class LLMEngine:
         return request_id
 
     # %% chapters/11_engine.md § Beam search on fork and copy-on-write
+    @exclusive
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
         """Beam search, one prompt after another, on an idle engine (as in vLLM).
@@ -532,8 +579,12 @@ class LLMEngine:
             raise ValueError(f"beam_width and max_tokens must be >= 1, got {beam_width}, "
                              + f"{max_tokens}")
         prompts = _prompt_list(prompts)
-        return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens)
-                for p in prompts]
+        self._stepping = True  # its steps run the model as step() does
+        try:
+            return [self._beam_search_one(self._tokenize(p)[1], beam_width, max_tokens)
+                    for p in prompts]
+        finally:
+            self._stepping = False
 
 
     def _beam_search_one(self, prompt: list[int], width: int,
@@ -549,7 +600,7 @@ class LLMEngine:
             for step in range(max_tokens):
                 out = self._beam_step(beams, len(prompt) - start if step == 0 else 1)
                 copies += len(out.reservation.copies)
-                logprobs = self.run(out, self._log_probs)
+                logprobs = self.run(out, _beam_log_probs)
                 manager.commit_step(out.reservation)
                 scores = torch.tensor([b[1] for b in beams], device=logprobs.device)
                 top = (scores[:, None] + logprobs).flatten().topk(
@@ -567,12 +618,6 @@ class LLMEngine:
                     manager.release_sequence(seq.seq_id)
 
     # %% chapters/11_engine.md § Beam search on fork and copy-on-write
-    @staticmethod
-    def _log_probs(logits: torch.Tensor, samplers) -> torch.Tensor:
-        """Every row's next-token log-probabilities (a beam step samples nothing)."""
-        return logits.float().log_softmax(-1)
-
-
     def _beam_step(self, beams, n: int) -> SchedulerOutput:
         """The step that runs the last ``n`` tokens of every beam, its blocks reserved."""
         chunks = [ScheduledChunk(seq, seq.num_tokens - n, n) for seq, _ in beams]
@@ -722,3 +767,8 @@ class BeamSearchOutput:
     sequences: list[list[int]]
     cumulative_logprobs: list[float]
     num_cow_copies: int
+
+
+def _beam_log_probs(logits: torch.Tensor, rows) -> torch.Tensor:
+    """Every row's next-token log-probabilities (a beam step samples nothing)."""
+    return logits.float().log_softmax(-1)
