@@ -30,6 +30,8 @@ PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE")
 
 
 def run(*args, **kwargs):
+    # a PYTHONPATH pointing at the checkout would make pip think the package is installed
+    kwargs.setdefault("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     result = subprocess.run(args, capture_output=True, text=True, timeout=120, **kwargs)
     assert result.returncode == 0, f"{' '.join(map(str, args))}\n{result.stdout}\n{result.stderr}"
     return result
