@@ -65,7 +65,7 @@ def test_fp8_kernel_timings_say_they_need_a_gpu_with_fp8(tmp_path, script):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script measures instead")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script),
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "archive" / script),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a GPU with FP8" in done.stdout
     assert not any(tmp_path.iterdir())
@@ -110,14 +110,14 @@ def test_bench_fp8_accuracy_quick_run_records_every_scheme(tmp_path):
 
 @pytest.mark.parametrize("group, tile", [(4, 64), (3, 64), (8, 32)])
 def test_fp8_subtile_kernel_matches_attention_over_the_dequantized_cache(group, tile):
-    """The candidate kernel of benchmarks/experiment_fp8_subtiles.py, under the interpreter."""
+    """The candidate kernel of benchmarks/archive/experiment_fp8_subtiles.py, under the interpreter."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on CPU machines")
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_fp8 import fill
-    from benchmarks.experiment_fp8_subtiles import subtile_attention
+    from benchmarks.archive.experiment_fp8_subtiles import subtile_attention
     from minipaged.decode_attention import paged_attention_reference
     from minipaged.fp8_kv_cache import Fp8PagedKVCache
 
@@ -137,11 +137,11 @@ def test_fp8_subtile_kernel_matches_attention_over_the_dequantized_cache(group, 
 @pytest.mark.parametrize("layout", ["bf16 NHD", "fp8 NHD", "fp8 HND"])
 @pytest.mark.parametrize("length", [1, 37, 130])
 def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
-    """benchmarks/experiment_kv_gather_floor.py's loads-only kernel, under the interpreter:
+    """benchmarks/archive/experiment_kv_gather_floor.py's loads-only kernel, under the interpreter:
     its per-(sequence, head) sums of K and V words are torch's, in each layout."""
     import torch
 
-    from benchmarks.experiment_kv_gather_floor import (LAYOUTS, gather_sum, make_case,
+    from benchmarks.archive.experiment_kv_gather_floor import (LAYOUTS, gather_sum, make_case,
                                                        reference_sum)
 
     elem, order = LAYOUTS[layout]
@@ -154,13 +154,13 @@ def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
 @pytest.mark.parametrize("kind", ["table", "registers"])
 @pytest.mark.parametrize("batch,length,splits", [(2, 70, None), (3, 33, 3), (1, 1, None)])
 def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kind):
-    """benchmarks/experiment_fp8_table_ahead.py's kernels (the block table read a tile ahead;
+    """benchmarks/archive/experiment_fp8_table_ahead.py's kernels (the block table read a tile ahead;
     the next tile's K/V too) give chapter 12's output exactly, under the interpreter: ranges
     shorter than a tile, splits, a length cut inside a block and an empty sequence."""
     import torch
 
     from benchmarks.bench_fp8 import paired_caches
-    from benchmarks.experiment_fp8_table_ahead import table_ahead_launch
+    from benchmarks.archive.experiment_fp8_table_ahead import table_ahead_launch
 
     cache, fp8, query, tables, lens = paired_caches(batch, length, 8, 2, 16, 16, "cpu")
     lens[0] = max(0, length - 5)
@@ -177,8 +177,8 @@ def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors(monkeypatch)
     and nothing is held once the block ends."""
     import torch
 
-    import benchmarks.gpu_record as gpu_record
-    from benchmarks.gpu_record import shipped_case, time_candidate
+    import benchmarks.archive.gpu_record as gpu_record
+    from benchmarks.archive.gpu_record import shipped_case, time_candidate
 
     outputs, logged = [], []
 

@@ -182,7 +182,7 @@ def test_kernel_sass_reads_the_sm90_build_of_the_fp8_decode_kernel_without_a_gpu
 
 
 def test_kernel_sass_builds_the_table_ahead_candidate_for_sm90():
-    """The candidate of benchmarks/experiment_fp8_table_ahead.py compiles (not interpreted) for
+    """The candidate of benchmarks/archive/experiment_fp8_table_ahead.py compiles (not interpreted) for
     sm90, with the register cap of its default launch honoured."""
     import subprocess
 

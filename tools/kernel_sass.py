@@ -16,9 +16,9 @@ cuobjdump come with Triton); timings still need the card.
 - ``bf16``: chapter 8's ``_paged_decode_kernel`` (default tile 64, as its launcher picks);
 - ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
   cap of 128 registers a thread);
-- ``fp8-subtiles``: the candidate of ``benchmarks/experiment_fp8_subtiles.py``;
+- ``fp8-subtiles``: the candidate of ``benchmarks/archive/experiment_fp8_subtiles.py``;
 - ``fp8-table-ahead``, ``fp8-registers-ahead``: the candidates of
-  ``benchmarks/experiment_fp8_table_ahead.py`` (the table read a tile ahead; the next tile's K/V
+  ``benchmarks/archive/experiment_fp8_table_ahead.py`` (the table read a tile ahead; the next tile's K/V
   too, into registers).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"            # compile for real, even on a CPU-only machine
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "archive")]
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -1,6 +1,6 @@
 """Chapter 12's fp8 decode kernel at launches that fit more programs on an SM, on a GPU with FP8.
 
-    python benchmarks/sweep_fp8_occupancy.py --out DIR
+    python benchmarks/archive/sweep_fp8_occupancy.py --out DIR
 
 Writes DIR/fp8_occupancy_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...], "builds": [...]}.
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import paired_caches  # noqa: E402
-from benchmarks.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
+from benchmarks.archive.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
 from minipaged.decode_attention import paged_attention  # noqa: E402
 from minipaged.fp8_kv_cache import fp8_bytes_per_token  # noqa: E402
-from benchmarks.gpu_record import gpu_main  # noqa: E402
+from benchmarks.archive.gpu_record import gpu_main  # noqa: E402
 
 # (tile, warps, stages, register cap, programs an SM the split aims at)
 LAUNCHES = ((256, 4, 3, None, 2), (128, 4, 3, None, 2), (128, 4, 3, 128, 2),
@@ -78,7 +78,7 @@ def timings(log=print) -> list[dict]:
 def builds(log=print) -> list[dict]:
     """Each launch's sm90 build (``tools/kernel_sass.py``): registers a thread, spills, shared
     memory, and the programs an SM holds under them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import kernel_sass
 
     rows = []

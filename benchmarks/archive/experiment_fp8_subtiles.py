@@ -1,6 +1,6 @@
 """A candidate design for chapter 12's fp8 decode kernel: tl.dot's 16 rows filled, not padded.
 
-    python benchmarks/experiment_fp8_subtiles.py --out DIR
+    python benchmarks/archive/experiment_fp8_subtiles.py --out DIR
 
 Writes DIR/fp8_subtiles_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...]}.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -48,7 +48,7 @@ from minipaged.decode_attention import (merge_splits_kernel, split_ranges,  # no
                                         choose_num_splits)
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
 from minipaged.fp8_kv_cache import _e4m3_pairs  # noqa: E402
-from benchmarks.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
+from benchmarks.archive.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """How fast a decode kernel could read a paged KV cache at all: loads alone, per layout.
 
-    python benchmarks/experiment_kv_gather_floor.py --out DIR
+    python benchmarks/archive/experiment_kv_gather_floor.py --out DIR
 
 Writes DIR/kv_gather_floor_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...]}.
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from benchmarks.gpu_record import gpu_main  # noqa: E402
+from benchmarks.archive.gpu_record import gpu_main  # noqa: E402
 
 BLOCK_SIZE, KV_HEADS, HEAD_DIM, TILE = 16, 8, 128, 128
 LAYOUTS = {"bf16 NHD": (2, "NHD"), "fp8 NHD": (1, "NHD"), "fp8 HND": (1, "HND")}

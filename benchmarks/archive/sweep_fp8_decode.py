@@ -1,6 +1,6 @@
 """Launch configurations of chapter 12's fp8 decode kernel, side by side, on a GPU with FP8.
 
-    python benchmarks/sweep_fp8_decode.py --out DIR [--quick]
+    python benchmarks/archive/sweep_fp8_decode.py --out DIR [--quick]
 
 Writes DIR/fp8_decode_sweep_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...], "best": {...}}.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton.language as tl  # noqa: E402
 

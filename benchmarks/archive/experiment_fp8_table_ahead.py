@@ -1,7 +1,7 @@
 """Two candidates for chapter 12's fp8 decode kernel: the block table read one tile ahead,
 and the next tile's K/V too.
 
-    python benchmarks/experiment_fp8_table_ahead.py --out DIR
+    python benchmarks/archive/experiment_fp8_table_ahead.py --out DIR
 
 Writes DIR/fp8_table_ahead_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...]}; each row has the candidate's ``kind`` ("table" or
@@ -44,12 +44,12 @@ import textwrap
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton.language as tl  # noqa: E402
 
 import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
-from benchmarks.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
+from benchmarks.archive.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 CHAPTER_LOOP = """    for tile_start in range(start, end, TILE):
         positions = tile_start + tokens
