@@ -277,8 +277,6 @@ KNOWN_TYPED = {
         "the benchmark's prompt lengths typed as 100 and 1024; read them from its workload",
     ("09_qwen3", '"padding_share"', "1 - mean_prompt / longest"):
         "follows mean_prompt",
-    ("10_scheduler", '"recompute_block_us"', "flops / 400e12 * 1e6"):
-        "an estimate from typed sizes (2 x 0.6e9 parameters x 16 tokens at 400 TFLOP/s)",
     ("10_scheduler", '"step_budget_ms"', "256 / 10_000 * 1e3"):
         "the target (256 sequences at 10,000 tokens/s); take num_seqs from the benchmark's record",
     ("10_scheduler", '"host_share"', "1.0 / step_budget"):
