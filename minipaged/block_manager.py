@@ -663,28 +663,28 @@ class BlockTable(list):
 
     # %% chapters/04_block_manager.md § A block-table array that persists between steps
     def pop(self, index: int = -1) -> int:
-        block = super(BlockTable, self).pop(index)
+        block = super().pop(index)
         self._sync(0)
         return block
 
     def insert(self, index: int, block: int) -> None:
-        super(BlockTable, self).insert(index, block)
+        super().insert(index, block)
         self._sync(0)
 
     def remove(self, block: int) -> None:
-        super(BlockTable, self).remove(block)
+        super().remove(block)
         self._sync(0)
 
     def clear(self) -> None:
-        super(BlockTable, self).clear()
+        super().clear()
         self._sync(0)
 
     def sort(self, *, key=None, reverse: bool = False) -> None:
-        super(BlockTable, self).sort(key=key, reverse=reverse)
+        super().sort(key=key, reverse=reverse)
         self._sync(0)
 
     def reverse(self) -> None:
-        super(BlockTable, self).reverse()
+        super().reverse()
         self._sync(0)
 
 

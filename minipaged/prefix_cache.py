@@ -118,7 +118,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
     # %% chapters/06_prefix_caching.md § The manager
     def create_sequence(self, seq_id: Hashable) -> None:
-        super(PrefixCachingBlockManager, self).create_sequence(seq_id)
+        super().create_sequence(seq_id)
         self._tokens[seq_id], self._chain[seq_id] = [], []
 
 
@@ -139,7 +139,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
-        super(PrefixCachingBlockManager, self).fork(parent_id, child_id)
+        super().fork(parent_id, child_id)
         self._tokens[child_id] = list(self._tokens[parent_id])
         self._chain[child_id] = list(self._chain[parent_id])
         if parent_id in self._lagging:
@@ -147,19 +147,19 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
 
     def release_sequence(self, seq_id: Hashable) -> None:
-        super(PrefixCachingBlockManager, self).release_sequence(seq_id)
+        super().release_sequence(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
         self._lagging.discard(seq_id)
 
 
     def release_swapped(self, seq_id: Hashable) -> None:
-        super(PrefixCachingBlockManager, self).release_swapped(seq_id)
+        super().release_swapped(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
         self._lagging.discard(seq_id)
 
 
     def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
-        pairs = super(PrefixCachingBlockManager, self).swap_in(seq_id)
+        pairs = super().swap_in(seq_id)
         self._chain[seq_id] = []      # fresh blocks: registered again at the next commit
         self._lagging.add(seq_id)
         return pairs
@@ -178,7 +178,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
 
     def commit_step(self, reservation: StepReservation) -> None:
-        super(PrefixCachingBlockManager, self).commit_step(reservation)
+        super().commit_step(reservation)
         if not self.enable_prefix_caching:
             return
         bs, lens = self.block_size, reservation.seq_lens.numpy()
@@ -317,7 +317,7 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
 
     def _take_blocks(self, n: int, seq_id: Hashable) -> list[int]:
-        blocks = super(PrefixCachingBlockManager, self)._take_blocks(n, seq_id)
+        blocks = super()._take_blocks(n, seq_id)
         for block in blocks:
             if self._block_hash[block] is not None:
                 self._evict(block, seq_id)
@@ -326,13 +326,13 @@ class PrefixCachingBlockManager(SharingBlockManager):
 
 
     def _drop_block(self, block: int, seq_id: Hashable) -> None:
-        super(PrefixCachingBlockManager, self)._drop_block(block, seq_id)
+        super()._drop_block(block, seq_id)
         if self._refcount[block] == 0 and self._block_hash[block] is None:
             self._free.push_front(block)  # nothing to keep: hand it out before cached ones
 
     # %% chapters/06_prefix_caching.md § The reconciliation, extended to the cache
     def first_inconsistency(self) -> str | None:
-        problem = super(PrefixCachingBlockManager, self).first_inconsistency()
+        problem = super().first_inconsistency()
         if problem:
             return problem
         listed: dict[int, int] = {}

@@ -199,13 +199,13 @@ class SharingBlockManager(KVBlockManager):
         tokens = state.length + state.reserved
         missing = ceil_div(tokens, self.block_size) - len(state.block_table)
         if missing > 0:
-            taken += super(SharingBlockManager, self)._grow(state, missing, undo, copies)
+            taken += super()._grow(state, missing, undo, copies)
         return taken
 
 
     def _undo(self, entry: tuple) -> None:
         if entry[0] != "cow":
-            super(SharingBlockManager, self)._undo(entry)
+            super()._undo(entry)
             return
         _, state, index, src, dst = entry
         state.block_table[index] = src
@@ -239,13 +239,13 @@ class SharingBlockManager(KVBlockManager):
             hint = ("it is swapped out to the CPU pool: swap_in() it first, "
                     + "or release_swapped() it")
             raise UnknownSequenceError(seq_id, hint)
-        return super(SharingBlockManager, self)._state(seq_id)
+        return super()._state(seq_id)
 
 
     def create_sequence(self, seq_id: Hashable) -> None:
         if seq_id in self._swapped:
             raise SequenceExistsError(seq_id)
-        super(SharingBlockManager, self).create_sequence(seq_id)
+        super().create_sequence(seq_id)
 
 
     @property
@@ -377,7 +377,7 @@ class SharingBlockManager(KVBlockManager):
         """``_new_blocks_for`` of every sequence of a step, counted at once from the table
         array."""
         if len(states) < self._BATCH_COUNT_MIN:
-            return super(SharingBlockManager, self)._new_blocks_for_step(states, counts)
+            return super()._new_blocks_for_step(states, counts)
         bs, mirror = self.block_size, self._seqs.mirror
         rows = self._seqs.rows(states)
         position = np.fromiter([st.length + st.reserved for st in states], dtype=np.int64,

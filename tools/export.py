@@ -195,8 +195,11 @@ def _constructor_at(node: ast.ClassDef, lines: list[str]) -> tuple[int, bool]:
 
 def _add_to_class(blocks: list[str], name: str, marker: str, source: str) -> None:
     """Insert a continued cell's functions into ``class name`` in the blocks so far: the
-    constructors at the top of the class, the other functions at its end, each with the marker."""
-    methods = _methods(source)
+    constructors at the top of the class, the other functions at its end, each with the marker.
+    Inside the class body, the notebook's ``super(name, self)`` becomes plain ``super()``."""
+    own_super = re.compile(rf"\bsuper\({name}, (self|cls)\)")
+    methods = [(method, [own_super.sub("super()", line) for line in body])
+               for method, body in _methods(source)]
     for index in range(len(blocks) - 1, -1, -1):
         for node in ast.parse(blocks[index]).body:
             if isinstance(node, ast.ClassDef) and node.name == name:
