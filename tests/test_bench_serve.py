@@ -1,0 +1,260 @@
+"""benchmarks/bench_serve.py and serve_load.py against a fake OpenAI server with planted delays.
+
+The fake server (FastAPI under uvicorn, on 127.0.0.1, a free port, in a thread) streams
+``max_tokens`` tokens: the first chunk after ``FIRST`` seconds, then one chunk every ``GAP`` seconds,
+``per_chunk`` tokens a chunk, and a final usage chunk. It keeps every request's arrival time and the
+peak number of requests in flight, and answers 400 to a prompt that starts with token id 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("httpx")
+fastapi = pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import bench_serve  # noqa: E402
+from benchmarks.serve_load import (LoadRequest, RequestResult, arrival_times,  # noqa: E402
+                                   percentile, run_load, summarize)
+
+FIRST, GAP = 0.05, 0.01
+
+
+class FakeServer:
+    """The fake server's app and what it saw."""
+
+    def __init__(self, per_chunk: int = 1):
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        self.per_chunk = per_chunk
+        self.in_flight = self.peak = 0
+        self.arrivals: list[float] = []
+        self.bodies: list[dict] = []
+        app = fastapi.FastAPI()
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions(body: dict):
+            self.arrivals.append(time.perf_counter())
+            self.bodies.append(body)
+            if body["prompt"][0] == 0:
+                return JSONResponse({"error": {"message": "bad prompt"}}, status_code=400)
+            return StreamingResponse(self.stream(body), media_type="text/event-stream")
+
+        self.app = app
+
+    async def stream(self, body):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            tokens = body["max_tokens"]
+            await asyncio.sleep(FIRST)
+            sent = 0
+            while sent < tokens:
+                if sent:
+                    await asyncio.sleep(GAP)
+                n = min(self.per_chunk, tokens - sent)
+                sent += n
+                chunk = {"choices": [{"index": 0, "text": "ab" * n, "finish_reason":
+                                      "length" if sent == tokens else None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": tokens,
+                     "total_tokens": len(body["prompt"]) + tokens}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+def serve():
+    """``serve(per_chunk)`` -> (base_url, FakeServer), stopped at the test's end."""
+    running = []
+
+    def start(per_chunk: int = 1):
+        fake = FakeServer(per_chunk)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(fake.app, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.started
+        running.append((server, thread, sock))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}", fake
+
+    yield start
+    for server, thread, sock in running:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def requests(count, output_len=8, prompt_len=4, first_id=7):
+    return [LoadRequest([first_id] + [1] * (prompt_len - 1), prompt_len, output_len)
+            for _ in range(count)]
+
+
+def load(base_url, reqs, **kwargs):
+    kwargs.setdefault("model", "fake-model")
+    return asyncio.run(run_load(base_url, reqs, timeout=20, keep_requests=True, **kwargs))
+
+
+def test_latencies_match_the_planted_delays(serve):
+    base_url, fake = serve()
+    run = load(base_url, requests(8, output_len=6), max_concurrency=4)
+    assert (run["completed"], run["failed"]) == (8, 0)
+    # TTFT: the first chunk after 50 ms; TPOT and ITL: a chunk of one token every 10 ms
+    assert 1e3 * FIRST <= run["ttft_ms"]["median"] < 1e3 * FIRST + 40
+    assert 1e3 * GAP * 0.8 <= run["itl_ms"]["median"] < 1e3 * GAP + 15
+    assert 1e3 * GAP * 0.8 <= run["tpot_ms"]["median"] < 1e3 * GAP + 15
+    for r in run["requests"]:
+        assert len(r["itl"]) == 5                     # 6 chunks, 5 gaps
+        assert r["e2e"] >= FIRST + 5 * GAP * 0.8
+    assert run["total_output_tokens"] == 48 and run["total_input_tokens"] == 32
+    assert fake.bodies[0]["stream"] and fake.bodies[0]["stream_options"] == {"include_usage": True}
+    assert fake.bodies[0]["ignore_eos"] is True and fake.bodies[0]["max_tokens"] == 6
+
+
+def test_output_tokens_come_from_usage_not_chunks(serve):
+    """Three tokens a chunk: 12 tokens come in 4 chunks; usage says 12, TPOT spreads the
+    3 gaps over 11 tokens while ITL stays one gap per chunk."""
+    base_url, _ = serve(per_chunk=3)
+    run = load(base_url, requests(3, output_len=12), ignore_eos=False)
+    assert run["usage_reported"] and run["total_output_tokens"] == 36
+    for r in run["requests"]:
+        assert r["output_tokens"] == 12 and len(r["itl"]) == 3
+        assert r["tpot"] == pytest.approx((r["e2e"] - r["ttft"]) / 11)
+    assert run["tpot_ms"]["median"] < 0.6 * run["itl_ms"]["median"]
+
+
+def test_max_concurrency_is_respected(serve):
+    base_url, fake = serve()
+    run = load(base_url, requests(12, output_len=4), max_concurrency=3)
+    assert run["completed"] == 12
+    assert fake.peak == 3                     # reached, never passed
+    base_url, fake = serve()
+    load(base_url, requests(12, output_len=4))
+    assert fake.peak > 3                      # all at once without the cap
+
+
+def test_poisson_arrivals_spread_start_times(serve):
+    base_url, fake = serve()
+    rate, count = 40.0, 40
+    run = load(base_url, requests(count, output_len=2), rate=rate)
+    sent = sorted(r["sent"] for r in run["requests"])
+    span = sent[-1] - sent[0]
+    # 39 exponential gaps of mean 25 ms: about 1 s in all (sd about 0.16 s)
+    assert 0.5 < span < 1.6
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    assert max(gaps) > 2 * percentile(gaps, 50)   # exponential gaps, not a metronome
+    arrived = sorted(fake.arrivals)
+    assert arrived[-1] - arrived[0] == pytest.approx(span, abs=0.1)
+
+
+def test_arrival_times_follow_the_rate_and_burstiness():
+    for burstiness in (1.0, 0.25, 4.0):
+        times = arrival_times(4001, 10.0, burstiness, seed=1)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        mean = sum(gaps) / len(gaps)
+        cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+        assert mean == pytest.approx(0.1, rel=0.1)
+        assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.1)   # gamma: cv = 1/sqrt(k)
+    assert arrival_times(5, math.inf) == [0.0] * 5
+    assert arrival_times(6, 3.0, seed=2) == arrival_times(6, 3.0, seed=2)
+
+
+def test_failed_requests_are_counted_and_kept_out_of_latencies(serve):
+    base_url, _ = serve()
+    reqs = requests(4, output_len=5) + requests(3, output_len=50, first_id=0)
+    run = load(base_url, reqs, slo_ttft_ms=10_000, slo_tpot_ms=10_000)
+    assert (run["completed"], run["failed"]) == (4, 3)
+    assert run["errors"] == {"HTTP 400": 3}
+    assert run["total_output_tokens"] == 20
+    assert run["e2e_ms"]["p99"] < 1e3 * (FIRST + 50 * GAP)   # no 50-token request among them
+    assert run["goodput"] == pytest.approx(4 / run["duration_s"])
+
+
+def test_goodput_counts_requests_within_both_slos():
+    def done(ttft, e2e, out):
+        return RequestResult(ok=True, output_tokens=out, ttft=ttft, e2e=e2e, usage_reported=True)
+
+    results = [done(0.1, 1.1, 11),      # TPOT 100 ms
+               done(0.1, 0.2, 11),      # TPOT 10 ms
+               done(2.0, 2.1, 11),      # TTFT 2 s
+               done(0.1, 0.1, 1),       # one token: no TPOT to miss
+               RequestResult(error="HTTP 500: x")]
+    metrics = summarize(results, 2.0, slo_ttft_ms=500, slo_tpot_ms=50)
+    assert metrics["goodput"] == 1.0    # 2 of 4 completed requests, over 2 s
+    assert (metrics["completed"], metrics["failed"]) == (4, 1)
+    assert metrics["tpot_ms"]["median"] == pytest.approx(10.0)
+    assert summarize(results, 2.0)["goodput"] is None
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+
+
+def test_the_run_timeout_fails_what_is_left(serve):
+    base_url, _ = serve()
+    reqs = requests(2, output_len=2) + requests(2, output_len=400)
+    start = time.monotonic()
+    run = asyncio.run(run_load(base_url, reqs, model="fake-model", timeout=1.0))
+    assert time.monotonic() - start < 3
+    assert (run["completed"], run["failed"]) == (2, 2) and run["errors"] == {"timeout": 2}
+
+
+def test_command_line_sweeps_rates_and_writes_the_documented_json(serve, tmp_path, capsys):
+    base_url, fake = serve()
+    out = tmp_path / "serve.json"
+    code = bench_serve.main(["--base-url", base_url, "--dataset", "sharegpt-stats",
+                             "--num-prompts", "6", "--input-len", "5", "--output-len", "3",
+                             "--rates", "50,inf", "--max-concurrency", "4", "--slo-ttft-ms",
+                             "1000", "--slo-tpot-ms", "100", "--timeout", "30", "--vocab-size",
+                             "1000", "--device-label", "fake", "--result-json", str(out),
+                             "--no-progress"])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["model"] == "fake-model"                       # the first of /v1/models
+    assert record["device"] == "fake" and record["client_host"] and record["date"]
+    assert record["command"].startswith("python benchmarks/bench_serve.py --base-url")
+    assert [run["request_rate"] for run in record["runs"]] == [50.0, "inf"]
+    for run in record["runs"]:
+        for key in ("completed", "failed", "duration_s", "request_throughput",
+                    "output_throughput", "total_token_throughput", "goodput"):
+            assert key in run
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(run[key]) == {"mean", "median", "p99"}
+        assert run["completed"] == 6 and run["total_output_tokens"] == 18
+        assert run["goodput"] == pytest.approx(6 / run["duration_s"])
+    assert len(fake.bodies) == 12 and all(len(b["prompt"]) == 5 for b in fake.bodies)
+    assert all(max(b["prompt"]) < 1000 for b in fake.bodies)
+    assert "TTFT p50" in capsys.readouterr().out
+
+
+def test_datasets_have_their_documented_lengths():
+    course = bench_serve.course_requests(64, vocab=1000)
+    assert all(100 <= r.prompt_len <= 1024 and r.output_len == 512 for r in course)
+    assert len({r.prompt_len for r in course}) > 30
+    from benchmarks.bench_engine import workload
+    assert [r.prompt for r in course] == workload(64, 100, 1024, 1000)
+    share = bench_serve.sharegpt_stats_requests(2000, vocab=1000)
+    mean_in = sum(r.prompt_len for r in share) / len(share)
+    mean_out = sum(r.output_len for r in share) / len(share)
+    assert mean_in == pytest.approx(161.31, rel=0.1) and mean_out == pytest.approx(337.99, rel=0.1)
+    assert all(r.prompt_len + r.output_len <= 2048 and len(r.prompt) == r.prompt_len
+               for r in share)
