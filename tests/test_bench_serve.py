@@ -258,3 +258,77 @@ def test_datasets_have_their_documented_lengths():
     assert mean_in == pytest.approx(161.31, rel=0.1) and mean_out == pytest.approx(337.99, rel=0.1)
     assert all(r.prompt_len + r.output_len <= 2048 and len(r.prompt) == r.prompt_len
                for r in share)
+
+
+# -- benchmarks/serve_vs_inprocess.py: its pieces, and (b) and (c) against the fake server -------
+
+def test_server_command_passes_engine_options_as_vllm_flags():
+    from benchmarks.serve_vs_inprocess import server_command
+
+    command = server_command("random:qwen3-0.6b", 8123, {"max_num_seqs": 256, "block_size": 16})
+    assert command[0] == sys.executable
+    assert command[1:] == ["-m", "minipaged", "serve", "random:qwen3-0.6b", "--host", "127.0.0.1",
+                           "--port", "8123", "--max-num-seqs", "256", "--block-size", "16"]
+
+
+def test_sweep_rates_climb_past_saturation():
+    from benchmarks.serve_vs_inprocess import sweep_rates
+
+    rates = sweep_rates(37.3)
+    assert len(rates) >= 6 and rates == sorted(set(rates))
+    assert rates[0] < 0.2 * 37.3 and rates[-1] > 37.3
+    with pytest.raises(ValueError):
+        sweep_rates(math.inf)
+
+
+def test_highest_rate_meeting_needs_both_p99s_and_no_failure():
+    from benchmarks.serve_vs_inprocess import highest_rate_meeting
+
+    def run(rate, ttft, tpot, failed=0):
+        return {"request_rate": rate, "completed": 10, "failed": failed,
+                "ttft_ms": {"p99": ttft}, "tpot_ms": {"p99": tpot}}
+
+    runs = [run(1, 100, 20), run(2, 900, 45), run(4, 1100, 30), run(8, 200, 60),
+            run(16, 100, 10, failed=1), run("inf", 10, 10)]
+    assert highest_rate_meeting(runs) == 2
+    assert highest_rate_meeting(runs, ttft_p99_ms=2000) == 4
+    assert highest_rate_meeting(runs[2:4]) is None
+
+
+def test_running_server_waits_for_models_and_stops_the_process(tmp_path):
+    from benchmarks.serve_vs_inprocess import free_port, running_server
+
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text('{"data": [{"id": "m"}]}')
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with running_server(command, f"http://127.0.0.1:{port}", tmp_path / "log", 30,
+                        cwd=str(tmp_path)) as process:
+        import httpx
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"] == "m"
+    assert process.poll() is not None
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        with running_server([sys.executable, "-c", "raise SystemExit(3)"],
+                            f"http://127.0.0.1:{free_port()}", tmp_path / "log2", 30):
+            pass
+
+
+def test_serve_vs_inprocess_measures_a_running_server(serve, tmp_path):
+    from benchmarks import serve_vs_inprocess
+
+    base_url, fake = serve()
+    code = serve_vs_inprocess.main(["--base-url", base_url, "--skip-inprocess", "--out",
+                                    str(tmp_path), "--num-requests", "6", "--max-tokens", "3",
+                                    "--run-timeout", "20"])
+    assert code == 0
+    (path,) = tmp_path.glob("serve_*.json")
+    record = json.loads(path.read_text())
+    assert record["device"] and record["date"] and record["command"].startswith("python ")
+    saturated, sweep = record["saturated"], record["sweep"]
+    assert saturated["completed"] == 6 and saturated["total_output_tokens"] == 18
+    assert saturated["itl_ms"]["median"] is not None
+    assert len(sweep) >= 6 and sweep[-1]["request_rate"] > saturated["request_throughput"]
+    # the fake server's 50 ms TTFT and 10 ms TPOT are within the limits at every rate
+    assert record["highest_rate_within_slo"] == max(run["request_rate"] for run in sweep)
+    assert len(fake.bodies) == 4 + 6 + 6 * len(sweep)     # warm-up, saturated run, sweep
+    assert all(100 <= len(b["prompt"]) <= 1024 for b in fake.bodies[4:])
