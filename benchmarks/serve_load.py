@@ -24,6 +24,10 @@ Arrivals: gaps drawn from a gamma distribution with shape ``burstiness`` and mea
 (``burstiness`` 1 is a Poisson process; below 1 burstier, above 1 more regular); ``rate`` infinite
 sends everything at once. ``max_concurrency`` caps the requests in flight: an arrival waits for a
 free slot, and its latencies count from when it is sent.
+
+One process parses every event (json, on one core): at tens of thousands of tokens/s that core can
+become the limit, so a run records the process's CPU seconds, ``client_cpu_s``; when they approach
+``duration_s``, the client, not the server, set the pace.
 """
 
 from __future__ import annotations
@@ -254,7 +258,7 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
                           max_keepalive_connections=max_concurrency or len(requests) or 1)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
 
         async def one(i: int) -> None:
             await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
@@ -273,6 +277,7 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         duration = time.perf_counter() - t0
+        client_cpu = time.process_time() - cpu0
     if bar is not None:
         bar.close()
     for result in results:
@@ -280,7 +285,9 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
             result.error = "timeout: the run's time limit ended the request"
     metrics = summarize(results, duration, slo_ttft_ms, slo_tpot_ms)
     run = {"request_rate": rate if math.isfinite(rate) else "inf", "burstiness": burstiness,
-           "max_concurrency": max_concurrency, "num_prompts": len(requests)} | metrics
+           "max_concurrency": max_concurrency, "num_prompts": len(requests),
+           # this process's CPU seconds over the run: near duration_s, the client is the limit
+           "client_cpu_s": client_cpu} | metrics
     if keep_requests:
         run["requests"] = [asdict(r) | {"tpot": r.tpot} for r in results]
     return run

@@ -250,6 +250,7 @@ def test_command_line_sweeps_rates_and_writes_the_documented_json(serve, tmp_pat
     assert record["command"].startswith("python benchmarks/bench_serve.py --base-url")
     assert [run["request_rate"] for run in record["runs"]] == [50.0, "inf"]
     for run in record["runs"]:
+        assert 0 < run["client_cpu_s"]
         for key in ("completed", "failed", "duration_s", "request_throughput",
                     "output_throughput", "total_token_throughput", "goodput"):
             assert key in run
