@@ -140,9 +140,10 @@ def highest_rate_meeting(runs: list[dict], ttft_p99_ms: float = SLO_TTFT_P99_MS,
 
 
 async def served(base_url: str, model: str, requests: list[LoadRequest], rates: list[float] | None,
-                 sweep_requests: int, run_timeout: float, log=print) -> dict:
+                 sweep_requests: int, run_timeout: float, ignore_eos: bool = True,
+                 log=print) -> dict:
     """(b) and (c) against the server at ``base_url``."""
-    common = {"model": model, "timeout": run_timeout, "seed": 0,
+    common = {"model": model, "timeout": run_timeout, "seed": 0, "ignore_eos": ignore_eos,
               "slo_ttft_ms": SLO_TTFT_P99_MS, "slo_tpot_ms": SLO_TPOT_P99_MS}
     warm = [LoadRequest(r.prompt[:32], min(32, r.prompt_len), 4) for r in requests[:4]]
     await run_load(base_url, warm, **common)      # compiled kernels, captured graphs
@@ -181,6 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--ready-timeout", type=float, default=600)
     parser.add_argument("--run-timeout", type=float, default=300, help="seconds per load run")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="send ignore_eos: true (off for a server that refuses the field)")
     return parser.parse_args(argv)
 
 
@@ -210,7 +213,7 @@ def main(argv=None) -> int:
 
     def measure(base_url: str) -> dict:
         return asyncio.run(served(base_url, first_model(base_url), requests, rates,
-                                  sweep_requests, args.run_timeout))
+                                  sweep_requests, args.run_timeout, args.ignore_eos))
 
     if args.base_url:
         record["server"] = {"base_url": args.base_url, "started_here": False}
