@@ -200,7 +200,7 @@ def main(argv=None) -> int:
                   sys.argv[1:] if argv is None else argv),
               "workload": {"name": "course", "requests": args.num_requests,
                            "prompt_len": [100, 1024], "max_tokens": args.max_tokens,
-                           "ignore_eos": True, "greedy": True, "model": args.model_spec},
+                           "ignore_eos": args.ignore_eos, "greedy": True, "model": args.model_spec},
               "engine_options": ENGINE_OPTIONS, "max_concurrency": 256}
     if not args.skip_inprocess:
         row = inprocess_row(args.num_requests, args.max_tokens)
