@@ -14,7 +14,8 @@ Colab shows CommonMark with ``$math$``; it knows nothing of MyST's roles, direct
 - ``{numref}`` and ``{ref}`` become the target's own words: a figure's caption, a section's title,
   an exercise's number, or the text the role gives.
 - Exercises become quoted text; solutions are folded in ``<details><summary>Solution</summary>``.
-- A link to a chapter (``NN_name.md``) points at that chapter's Colab twin.
+- A link to a chapter (``NN_name.md``) points at that chapter's Colab twin; ``{repo}`path``` at
+  the file on GitHub.
 - Admonitions, margins and other directives become quoted text under a bold title; ``{figure}``
   and ``{glue:figure}`` a caption in italics; a ``(label)=`` target an HTML anchor.
 """
@@ -221,6 +222,11 @@ class BookContext:
             if name == "eq":
                 return f"equation ({content})"
             return self.targets.get(content, content)
+        if name == "repo":  # a file of the repository (_ext/repository_links.py)
+            explicit = re.match(r"^(?P<text>.*?)\s*<(?P<path>[^>]+)>$", content)
+            words, path = (explicit["text"], explicit["path"]) if explicit else (f"`{content}`", content)
+            url = f"{self.repository_url.rstrip('/')}/blob/{self.branch}/{path.lstrip('/')}"
+            return f"[{words}]({url})"
         if name in ("math",):
             return f"${content}$"
         return content  # {sub}, {sup}, {kbd}, ...: their text
