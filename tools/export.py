@@ -32,8 +32,12 @@ except the constructors (``__new__``, ``__init__``, ``__post_init__``): a contin
 constructor goes to the top of the class, after its docstring and class-level attributes, as it
 would in hand-written code.
 
-The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, and a
-first cell that installs the package from the repository when (and only when) it runs on Colab.
+The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, a
+first cell that installs the package from the repository when (and only when) it runs on Colab,
+and Markdown that Colab can render (``tools/colab_twin.py``): no MyST roles or directives, glued
+numbers named rather than shown (a twin has no recorded values, and ``glue`` displays nothing
+outside the book; that module's docstring says why), citations linked, references resolved to
+captions and titles, solutions folded, chapter links pointing at the other twins.
 
 ``python tools/export.py``          write everything
 ``python tools/export.py --check``  write nothing; exit 1 with a diff if anything is out of sync
