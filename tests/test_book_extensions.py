@@ -100,3 +100,13 @@ def test_the_download_menu_offers_the_twin():
     assert [b["text"] for b in buttons] == [".ipynb", ".md"]
     assert buttons[0]["url"] == "../notebooks/03_block_tables.ipynb"
     json.loads((ROOT / "notebooks/03_block_tables.ipynb").read_text())
+
+
+def test_the_book_config_turns_them_on():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    sphinx = config["sphinx"]
+    for name in ("colab_button", "repository_links", "chapter_numbers", "results_inputs"):
+        assert sphinx["local_extensions"].get(name) == "_ext", name
+        assert (ROOT / "_ext" / f"{name}.py").exists()
+    assert sphinx["config"]["nb_merge_streams"] is True and sphinx["config"]["numfig"] is True
+    assert config["html"]["use_download_button"] is True
