@@ -44,6 +44,9 @@ const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL
     if (spec.math) {
       await page.waitForSelector("mjx-container", { timeout: 20000 }).catch(() => {});
     }
+    // Any page with math: measure it after MathJax has typeset it.
+    await page.evaluate(() => window.MathJax && window.MathJax.startup
+      && window.MathJax.startup.promise).catch(() => {});
     const seen = await page.evaluate(() => ({
       title: document.title,
       math: document.querySelectorAll("mjx-container").length,
@@ -71,9 +74,14 @@ const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL
             return box.width > 0 && (box.right > column.right + 1 || box.left < column.left - 1);
           })
           .filter((el) => !el.closest("mjx-assistive-mml"))
-          .map((el) => `${el.tagName.toLowerCase()}: ${(el.textContent || el.getAttribute("src") || "")
-            .trim().slice(0, 50)}`)
-          .filter((what, i, all) => all.indexOf(what) === i)
+          .map((el) => el.closest("mjx-container") || el)  // an equation counts once
+          .filter((el, i, all) => all.indexOf(el) === i)
+          .filter((el, _, all) => !all.some((other) => other !== el && other.contains(el)))
+          .map((el) => {
+            const words = el.querySelector("mjx-assistive-mml") || el;
+            return `${el.tagName.toLowerCase()}: ${(words.textContent || el.getAttribute("src") || "")
+              .trim().slice(0, 50)}`;
+          })
           .slice(0, 10);
       })(),
       // MathJax shows a backslash it did not understand (\_ inside \text{}) as a character.
