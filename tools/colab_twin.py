@@ -188,8 +188,9 @@ class BookContext:
         if name.startswith("glue:") or name == "glue":
             glued = args.split(":", 1)[0]
             caption = " ".join(text)
-            return [f"*Figure ({caption})* The code cell that calls `glue(\"{glued}\", ...)` draws it."
-                    if caption else f"*The code cell that calls `glue(\"{glued}\", ...)` shows it.*"]
+            made = (f"made by the code cell that calls `glue(\"{glued}\", ...)`; `glue` returns it, "
+                    "so `display(glue(...))` shows it there")
+            return [f"*Figure: {caption}* ({made}.)" if caption else f"*A figure {made}.*"]
         title = self.inline(args) if args else name.capitalize()
         if name not in ADMONITIONS:
             title = title or name
