@@ -79,3 +79,13 @@ def test_exercise_is_quoted_and_its_solution_folded_with_code_inside():
 def test_admonition_becomes_a_titled_quote():
     out = context().markdown(":::{admonition} Pitfall: order\n:class: warning\nImport first.\n:::")
     assert out == "> **Pitfall: order**\n>\n> Import first."
+
+
+def test_a_glued_figure_keeps_its_caption_and_glued_numbers_are_explained():
+    out = context().markdown("```{glue:figure} fig_x\n:name: fig-x\n\nThe pool, by owner.\n```")
+    assert out.startswith("*Figure: The pool, by owner.* (made by the code cell that calls "
+                          "`glue(\"fig_x\", ...)`")
+    for twin in TWINS:
+        chapter = (ROOT / "chapters" / f"{twin.stem}.md").read_text()
+        if "{glue:text}" in chapter:
+            assert "*About the numbers:*" in markdown_of(twin).split("\n\n")[0], twin.name
