@@ -4,8 +4,10 @@ tools/browser_check.sh installs; skipped without them."""
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,12 +48,17 @@ def check_page(tmp_path: Path, math: str) -> subprocess.CompletedProcess:
     built = subprocess.run([str(jupyter_book), "build", str(book)], capture_output=True, text=True,
                            timeout=600)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "8797", "--directory",
+    with socket.socket() as probe:  # a free port, so tests may run side by side
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory",
                                str(book / "_build/html")], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
+    time.sleep(1)
     try:
         env = dict(os.environ, NODE_PATH=str(TOOLS / "node_modules"), BOOK_DIR=str(book / "_build/html"),
-                   BASE="http://127.0.0.1:8797", MATHJAX_DIR=str(TOOLS / "node_modules/mathjax"),
+                   BASE=f"http://127.0.0.1:{port}", MATHJAX_DIR=str(TOOLS / "node_modules/mathjax"),
                    BOOK_PAGES="00_scratch")
         return subprocess.run(["node", str(ROOT / "tools/browser_check.js")], cwd=book, env=env,
                               capture_output=True, text=True, timeout=300)
