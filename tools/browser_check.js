@@ -7,17 +7,20 @@ const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
 // The introduction and every chapter page: chapters after 0 must show a figure, exercises with
 // (hidden) solutions, and a Colab button to their notebook twin; math must render without errors;
-// no code or output block may be wider than the column, every figure has a caption, and every
-// "chapter N" in the prose is a link.
+// no code block, output, equation or other element may be wider than the column, no rendered math
+// may show a literal backslash, every figure has a caption, and every "chapter N" in the prose is
+// a link. BOOK_PAGES (a comma-separated list of page stems) checks only those pages.
 const chapters = fs.readdirSync(path.join(process.env.BOOK_DIR, "chapters"))
   .filter((f) => /^\d\d_.*\.html$/.test(f)).sort();
-const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 }].concat(
+const ONLY = (process.env.BOOK_PAGES || "").split(",").filter(Boolean);
+const ALL_PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 }].concat(
   chapters.map((f) => {
     const stem = f.replace(/\.html$/, "");
     const first = stem.startsWith("00_");
     return { url: `chapters/${f}`, name: stem, math: stem.startsWith("01_"),
              figures: first ? 0 : 1, exercises: first ? 0 : 1, colab: `notebooks/${stem}.ipynb` };
   }));
+const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL_PAGES;
 
 (async () => {
   const browser = await chromium.launch({
@@ -41,6 +44,9 @@ const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exer
     if (spec.math) {
       await page.waitForSelector("mjx-container", { timeout: 20000 }).catch(() => {});
     }
+    // Any page with math: measure it after MathJax has typeset it.
+    await page.evaluate(() => window.MathJax && window.MathJax.startup
+      && window.MathJax.startup.promise).catch(() => {});
     const seen = await page.evaluate(() => ({
       title: document.title,
       math: document.querySelectorAll("mjx-container").length,
@@ -55,6 +61,35 @@ const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exer
       wide: [...document.querySelectorAll("article pre")]
         .filter((el) => el.scrollWidth > el.clientWidth + 1)
         .map((el) => el.textContent.split("\n").find((l) => l.length > 0).slice(0, 60)),
+      // Nothing else may be wider than the text column either: display math, images, tables,
+      // figures. (A table in a cell's output scrolls inside its own box, which must itself fit;
+      // code blocks are measured above.)
+      overflowing: (() => {
+        const article = document.querySelector("article") || document.body;
+        const column = article.getBoundingClientRect();
+        return [...article.querySelectorAll("*")]
+          .filter((el) => !el.closest("pre") && !el.parentElement.closest(".cell_output table"))
+          .filter((el) => {
+            const box = el.getBoundingClientRect();
+            return box.width > 0 && (box.right > column.right + 1 || box.left < column.left - 1);
+          })
+          .filter((el) => !el.closest("mjx-assistive-mml"))
+          .map((el) => el.closest("mjx-container") || el)  // an equation counts once
+          .filter((el, i, all) => all.indexOf(el) === i)
+          .filter((el, _, all) => !all.some((other) => other !== el && other.contains(el)))
+          .map((el) => {
+            const words = el.querySelector("mjx-assistive-mml") || el;
+            return `${el.tagName.toLowerCase()}: ${(words.textContent || el.getAttribute("src") || "")
+              .trim().slice(0, 50)}`;
+          })
+          .slice(0, 10);
+      })(),
+      // MathJax shows a backslash it did not understand (\_ inside \text{}) as a character.
+      mathBackslashes: [...document.querySelectorAll("mjx-container")]
+        .filter((m) => m.querySelector("mjx-c.mjx-c5C")
+          || [...m.querySelectorAll("mjx-utext, mjx-assistive-mml mtext, mjx-assistive-mml mi")]
+            .some((t) => t.textContent.includes("\\")))
+        .map((m) => (m.querySelector("mjx-assistive-mml") || m).textContent.trim().slice(0, 60)),
       // Every figure a cell draws has a number and a caption.
       uncaptioned: [...document.querySelectorAll("article .cell_output img")]
         .filter((img) => !(img.closest("figure") && img.closest("figure").querySelector("figcaption")))
@@ -80,6 +115,8 @@ const PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exer
     if (seen.mathErrors > 0) problems.push("math errors");
     if (spec.colab && !seen.colab.some((h) => h.endsWith(spec.colab))) problems.push("colab link");
     if (seen.wide.length) problems.push(`${seen.wide.length} code/output block(s) wider than the column`);
+    if (seen.overflowing.length) problems.push(`element(s) wider than the column: ${seen.overflowing.join(" | ")}`);
+    if (seen.mathBackslashes.length) problems.push(`literal backslash in math: ${seen.mathBackslashes.join(" | ")}`);
     if (seen.uncaptioned) problems.push(`${seen.uncaptioned} figure(s) without a caption`);
     if (seen.unlinked.length) problems.push(`${seen.unlinked.length} chapter mention(s) not linked`);
     failures += problems.length;

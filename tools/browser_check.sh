@@ -3,6 +3,7 @@
 # figures loaded, exercise and solution blocks present, the Colab button pointing at the .ipynb twin.
 # Installs Debian's chromium (and CJK fonts, for the Chinese terms) and, from npm, playwright-core (no browser download) and mathjax@3, which
 # is served in place of the CDN copy so the check works offline. Screenshots go to screenshots/.
+# BOOK_PAGES=01_kv_sizing,03_block_tables checks only those pages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f _build/html/index.html ] || { echo "build the book first: make book" >&2; exit 1; }

@@ -32,8 +32,12 @@ except the constructors (``__new__``, ``__init__``, ``__post_init__``): a contin
 constructor goes to the top of the class, after its docstring and class-level attributes, as it
 would in hand-written code.
 
-The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, and a
-first cell that installs the package from the repository when (and only when) it runs on Colab.
+The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, a
+first cell that installs the package from the repository when (and only when) it runs on Colab,
+and Markdown that Colab can render (``tools/colab_twin.py``): no MyST roles or directives, glued
+numbers named rather than shown (a twin has no recorded values, and ``glue`` displays nothing
+outside the book; that module's docstring says why), citations linked, references resolved to
+captions and titles, solutions folded, chapter links pointing at the other twins.
 
 ``python tools/export.py``          write everything
 ``python tools/export.py --check``  write nothing; exit 1 with a diff if anything is out of sync
@@ -50,7 +54,11 @@ import sys
 from pathlib import Path
 
 import jupytext
+import nbformat
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from colab_twin import GLUE_NOTE, BookContext, bibliography  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
@@ -350,16 +358,37 @@ def export_modules(chapter: Path, notebook) -> list[tuple[str, str]]:
             for module, module_blocks in blocks.items()]
 
 
-def colab_twin(notebook, url: str, branch: str) -> str:
+def book_context(notebooks: list) -> BookContext:
+    """What a twin's Markdown needs from the whole book: references, targets, substitutions."""
+    url, branch = repository()
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    substitutions = (config.get("parse") or {}).get("myst_substitutions") or {}
+    context = BookContext(url, branch, bibliography(ROOT / "references.bib"),
+                          substitutions={k: str(v) for k, v in substitutions.items()})
+    for notebook in notebooks:
+        context.collect_targets(notebook)
+    return context
+
+
+def colab_twin(notebook, url: str, branch: str, context: BookContext | None = None) -> str:
+    """The Colab twin: outputs stripped, a set-up cell first, the Markdown rewritten for Colab
+    (see tools/colab_twin.py: glued numbers named, citations linked, solutions folded)."""
     twin = copy.deepcopy(notebook)
+    context = context or BookContext(url, branch)
+    glued = False
     for cell in twin.cells:
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+        elif cell.cell_type == "markdown":
+            glued = glued or "{glue" in cell.source
+            cell.source = context.markdown(cell.source)
     setup = jupytext.reads(COLAB_CELL.format(url=url.rstrip("/"), branch=branch), fmt="py:percent")
     setup_cell = setup.cells[0]
     setup_cell.metadata = {"tags": ["colab-setup"]}
     twin.cells.insert(0, setup_cell)
+    if glued:
+        twin.cells.insert(0, nbformat.v4.new_markdown_cell(GLUE_NOTE))
     for index, cell in enumerate(twin.cells):  # stable ids, so the sync check compares content only
         cell.id = f"cell-{index:03d}"
     twin.metadata.pop("jupytext", None)
@@ -491,8 +520,9 @@ def expected_files() -> dict[Path, str]:
     files: dict[Path, str] = {}
     modules: list[tuple[str, str, Path, list[str], list[str]]] = []
     owners: dict[str, Path] = {}
-    for chapter in chapter_files():
-        notebook = jupytext.read(chapter)
+    notebooks = {chapter: jupytext.read(chapter) for chapter in chapter_files()}
+    context = book_context(list(notebooks.values()))
+    for chapter, notebook in notebooks.items():
         settings = notebook.metadata.get("minipaged") or {}
         supersedes, api = _names(chapter, settings, "supersedes"), _names(chapter, settings, "api")
         exported = export_modules(chapter, notebook)
@@ -517,7 +547,7 @@ def expected_files() -> dict[Path, str]:
                 )
         if not exported and (api or supersedes):
             raise SystemExit(f"{chapter.name}: lists `api:` or `supersedes:` but exports nothing")
-        files[NOTEBOOKS / f"{chapter.stem}.ipynb"] = colab_twin(notebook, url, branch)
+        files[NOTEBOOKS / f"{chapter.stem}.ipynb"] = colab_twin(notebook, url, branch, context)
     files[PACKAGE / "__init__.py"] = package_init(modules)
     return files
 
