@@ -121,11 +121,11 @@ def test_the_real_model_with_prefix_caching_equals_transformers(real):
 @needs_real_model
 def test_the_real_model_preempted_without_prefix_caching_keeps_its_tokens(real):
     hf, _, prompts, reference = real
-    block_size = 4
-    prompts_fit = sum(-(-len(p) // block_size) for p in prompts)
-    blocks = prompts_fit + 1  # every prompt is admitted; growing them all does not fit
-    assert all(-(-(len(p) + NEW_TOKENS) // block_size) <= blocks for p in prompts)
-    assert sum(-(-(len(p) + NEW_TOKENS) // block_size) for p in prompts) > blocks
+    block_size = 2
+    written = [len(p) + NEW_TOKENS - 1 for p in prompts]  # the last token is never cached
+    blocks = sum(-(-len(p) // block_size) for p in prompts) + 1  # every prompt admitted
+    assert all(-(-n // block_size) <= blocks for n in written)  # each fits alone
+    assert sum(-(-n // block_size) for n in written) > blocks   # not all together
     llm = LLMEngine(hf, block_size=block_size, num_blocks=blocks,
                     enable_prefix_caching=False, check_invariants=True)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == reference
