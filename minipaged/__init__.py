@@ -36,6 +36,7 @@ _PUBLIC = {
     "Qwen3PagedModel": "qwen3",
     "UnsupportedConfigError": "qwen3",
     "HubUnavailableError": "qwen3",
+    "load_model": "qwen3",
     "SamplingParams": "scheduler",
     "Scheduler": "scheduler",
     "SchedulerConfig": "scheduler",
@@ -51,7 +52,7 @@ _PUBLIC = {
     "LLM": "llm",
 }
 
-__all__ = ['BlockManagerError', 'CompletionOutput', 'DoubleReleaseError', 'EngineError', 'EngineParts', 'Fp8PagedKVCache', 'HubUnavailableError', 'InvalidRequestError', 'KVBlockManager', 'KVCacheError', 'LLM', 'LLMEngine', 'NoFreeBlocksError', 'PagedAttentionError', 'PagedKVCache', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedModel', 'RequestOutput', 'SamplingParams', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SequenceExistsError', 'SharingBlockManager', 'StepPendingError', 'UnknownSequenceError', 'UnsupportedConfigError', 'default_device', 'has_gpu', 'kv_bytes_per_token', 'paged_attention']
+__all__ = ['BlockManagerError', 'CompletionOutput', 'DoubleReleaseError', 'EngineError', 'EngineParts', 'Fp8PagedKVCache', 'HubUnavailableError', 'InvalidRequestError', 'KVBlockManager', 'KVCacheError', 'LLM', 'LLMEngine', 'NoFreeBlocksError', 'PagedAttentionError', 'PagedKVCache', 'PrefixCachingBlockManager', 'PromptTooLongError', 'Qwen3PagedModel', 'RequestOutput', 'SamplingParams', 'Scheduler', 'SchedulerConfig', 'SchedulerError', 'SequenceExistsError', 'SharingBlockManager', 'StepPendingError', 'UnknownSequenceError', 'UnsupportedConfigError', 'default_device', 'has_gpu', 'kv_bytes_per_token', 'load_model', 'paged_attention']
 
 # The other exported names, only to say where to import them from.
 _ELSEWHERE = {
@@ -135,6 +136,8 @@ _ELSEWHERE = {
     "random_qwen3": "qwen3",
     "load_hub_qwen3": "qwen3",
     "RMSNorm": "qwen3",
+    "has_qk_norm": "qwen3",
+    "SUPPORTED_MODEL_TYPES": "qwen3",
     "rope_inv_freq": "qwen3",
     "rope_cos_sin": "qwen3",
     "apply_rope": "qwen3",
@@ -150,6 +153,12 @@ _ELSEWHERE = {
     "attention_parity": "qwen3",
     "GreedyTrace": "qwen3",
     "greedy_generate": "qwen3",
+    "tiny_llama_config": "qwen3",
+    "random_llama": "qwen3",
+    "REAL_MODEL_ID": "qwen3",
+    "REAL_MODEL_INSTALL": "qwen3",
+    "real_model_file": "qwen3",
+    "real_model_available": "qwen3",
     "SAMPLING_EPS": "scheduler",
     "SequenceStatus": "scheduler",
     "Sequence": "scheduler",

@@ -176,10 +176,10 @@ def _prompt_list(prompts) -> list:
 
 
 def _load_model(model, tokenizer, device):
-    if isinstance(model, str):
-        from minipaged.qwen3 import load_hub_qwen3
+    if isinstance(model, str):  # a name or a path: chapter 9's loader
+        from minipaged.qwen3 import load_model
 
-        model, tokenizer = load_hub_qwen3(model, device=device or default_device())
+        model, tokenizer = load_model(model, device=device or default_device())
     if not isinstance(model, Qwen3PagedModel):
         model = Qwen3PagedModel.from_hf(model)
     if device is not None:

