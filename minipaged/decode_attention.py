@@ -450,17 +450,18 @@ def paged_attention_torch(query: torch.Tensor, cache: PagedKVCache, layer: int,
     if max_len == 0:
         return torch.zeros_like(query)
     width = blocks_needed(max_len, cache.block_size)
-    tables = block_tables[:, :width].long()
+    blocks = block_tables[:, :width].reshape(-1).long()
     shape = (batch, width * cache.block_size, cache.num_kv_heads, head_dim)
-    k, v = (cache.token_view(x)[tables].reshape(shape)[:, :max_len]
+    k, v = (cache.token_view(x).index_select(0, blocks).reshape(shape)[:, :max_len]
             .transpose(1, 2).to(query.dtype)
             for x in (cache.key_cache(layer), cache.value_cache(layer)))
     lens = seq_lens.to(query.device).long()
+    ragged = bool((lens != max_len).any())  # equal lengths need no mask (nor a fix-up)
     visible = torch.arange(max_len, device=query.device)[None, :] < lens[:, None]
     out = F.scaled_dot_product_attention(
-        query[:, :, None], k, v, attn_mask=visible[:, None, None], scale=scale,
-        enable_gqa=True)[:, :, 0]
-    return torch.where(lens[:, None, None] > 0, out, 0.0)
+        query[:, :, None], k, v, attn_mask=visible[:, None, None] if ragged else None,
+        scale=scale, enable_gqa=True)[:, :, 0]
+    return torch.where(lens[:, None, None] > 0, out, 0.0) if ragged else out
 
 
 DECODE_ATTENTION = {"triton": paged_attention, "torch": paged_attention_torch}

@@ -261,10 +261,13 @@ def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor,
         slots, keep = slot_mapping.long(), slice(None)
     else:
         slots = slot_mapping[keep].long()
-    block, offset = slots // cache.block_size, slots % cache.block_size
-    cache.token_view(cache.key_cache(layer))[block, offset] = key[keep].to(cache.dtype)
-    v_view = cache.token_view(cache.value_cache(layer))
-    v_view[block, offset] = value[keep].to(cache.dtype)
+    for tensor, new in ((cache.key_cache(layer), key), (cache.value_cache(layer), value)):
+        new = new[keep].to(cache.dtype)
+        if cache.layout == "NHD":  # slot s is row s of the layer seen as [slots, H, D]
+            tensor.view(cache.num_slots, *tensor.shape[2:]).index_copy_(0, slots, new)
+        else:
+            block, offset = slots // cache.block_size, slots % cache.block_size
+            cache.token_view(tensor)[block, offset] = new
 
 
 # %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots
