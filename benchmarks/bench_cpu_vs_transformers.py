@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cpu_vs_transformers.py [--model random|smollm2] [--batch-sizes 1 8]
                                                    [--new-tokens 32] [--prompt-len 64]
-                                                   [--repeats 5] [--out DIR]
+                                                   [--repeats 5] [--threads N] [--out DIR]
 
 ``--model random``: a random Qwen3 with SmolLM2-135M's dimensions (30 layers, hidden 576, 9 query /
 3 KV heads, head dim 64, intermediate 1536, vocab 49,152, tied embeddings), loaded by
@@ -90,9 +90,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for both engines (default: torch's own choice)")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
+    load_at_start = os.getloadavg()
     model = random_model() if args.model == "random" else smollm2_model()
     vocab = model.config.vocab_size
     llm = minipaged.LLM(model)
@@ -131,7 +136,7 @@ def main() -> None:
                   f"torch threads {torch.get_num_threads()})",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
-        "load_average_at_end": os.getloadavg(),
+        "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
         "model": args.model, "shape": {k: v for k, v in SMOLLM2_SHAPE.items()
                                        if k != "rope_parameters"},
         "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,

@@ -279,8 +279,7 @@ class LLMEngine:
     (``EngineParts()``: this chapter's); ``kv_cache_dtype`` names one of its cache
     formats. ``num_blocks=None`` sizes the cache from free GPU memory
     (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
-    default on CPU. ``attention_backend`` picks the implementation of the cache's
-    operations (``resolve_attention_backend``): ``"auto"``, ``"triton"`` or ``"torch"``.
+    default on CPU. ``attention_backend``: see ``resolve_attention_backend``.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
@@ -300,10 +299,9 @@ class LLMEngine:
                              + f"got {kv_cache_dtype!r}")
         _check_engine_args(device, gpu_memory_utilization)
         cache_format = parts.cache_formats[kv_cache_dtype]
-        resolve_attention_backend(attention_backend, "cpu", cache_format.backends)
         model, self.tokenizer = _load_model(model, tokenizer, device)
-        self.attention_backend = resolve_attention_backend(
-            attention_backend, model.device, cache_format.backends)
+        self.attention_backend = resolve_attention_backend(attention_backend, model.device,
+                                                           cache_format.backends)
         self.model = parts.prepare_model(model)
         config = self.model.config
         self.max_model_len = _model_len(max_model_len, config.max_position_embeddings)
