@@ -115,12 +115,15 @@ _ELSEWHERE = {
     "chained_block_hash": "prefix_cache",
     "PrefixCacheStats": "prefix_cache",
     "LAYOUTS": "kv_cache",
+    "ATTENTION_BACKENDS": "kv_cache",
     "write_kv_reference": "kv_cache",
     "copy_blocks_reference": "kv_cache",
     "block_pairs": "kv_cache",
     "copy_blocks_kernel": "kv_cache",
     "copy_blocks_between": "kv_cache",
     "paged_attention_reference": "decode_attention",
+    "paged_attention_torch": "decode_attention",
+    "DECODE_ATTENTION": "decode_attention",
     "choose_num_splits": "decode_attention",
     "attend_group": "decode_attention",
     "merge_splits_kernel": "decode_attention",
@@ -169,6 +172,7 @@ _ELSEWHERE = {
     "RunStats": "engine",
     "CacheFormat": "engine",
     "MODEL_DTYPE_CACHE": "engine",
+    "resolve_attention_backend": "engine",
     "StepLoop": "engine",
     "EngineBusyError": "engine",
     "make_generator": "sampler",
@@ -211,6 +215,7 @@ _ELSEWHERE = {
     "plan_decode_work": "fast_engine",
     "balanced_paged_attention": "fast_engine",
     "FAST_PARTS": "llm",
+    "TORCH_PARTS": "llm",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines)
 import triton
@@ -21,6 +22,8 @@ from minipaged.sizing import ceil_div
 __all__ = [
     "paged_attention",
     "paged_attention_reference",
+    "paged_attention_torch",
+    "DECODE_ATTENTION",
     "PagedAttentionError",
     "choose_num_splits",
     # shared with the later decode kernels (chapters 12 and 13)
@@ -433,3 +436,33 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
             SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad)
     return out
+
+
+# %% chapters/08_paged_attention.md § The same operation in PyTorch, for a CPU
+def paged_attention_torch(query: torch.Tensor, cache: PagedKVCache, layer: int,
+                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                          scale: float | None = None, **_) -> torch.Tensor:
+    """``paged_attention`` in plain PyTorch: one gather through the block tables, one
+    masked SDPA call; ``query``'s dtype and device. Kernel-only options are ignored."""
+    check_decode_inputs(query, cache, layer, block_tables, seq_lens)
+    batch, num_heads, head_dim = query.shape
+    max_len = int(seq_lens.max()) if batch else 0
+    if max_len == 0:
+        return torch.zeros_like(query)
+    width = blocks_needed(max_len, cache.block_size)
+    blocks = block_tables[:, :width].reshape(-1).long()
+    shape = (batch, width * cache.block_size, cache.num_kv_heads, head_dim)
+    k, v = (cache.token_view(x).index_select(0, blocks).reshape(shape)[:, :max_len]
+            .transpose(1, 2).to(query.dtype)
+            for x in (cache.key_cache(layer), cache.value_cache(layer)))
+    lens = seq_lens.to(query.device).long()
+    ragged = bool((lens != max_len).any())  # equal lengths need no mask (nor a fix-up)
+    visible = torch.arange(max_len, device=query.device)[None, :] < lens[:, None]
+    out = F.scaled_dot_product_attention(
+        query[:, :, None], k, v, attn_mask=visible[:, None, None] if ragged else None,
+        scale=scale, enable_gqa=True)[:, :, 0]
+    return torch.where(lens[:, None, None] > 0, out, 0.0) if ragged else out
+
+
+DECODE_ATTENTION = {"triton": paged_attention, "torch": paged_attention_torch}
+"""Decode attention by backend name (a cache's ``attention_backend``)."""

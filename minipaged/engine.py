@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from minipaged.block_table import blocks_needed
+from minipaged.kv_cache import ATTENTION_BACKENDS
 from minipaged.model_runner import ModelRunner
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import Qwen3PagedModel
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidRequestError",
     "CacheFormat",
     "MODEL_DTYPE_CACHE",
+    "resolve_attention_backend",
     "StepLoop",
     "EngineParts",
     "LLMEngine",
@@ -200,10 +202,12 @@ def _eos_ids(config, tokenizer) -> list[int]:
 
 class CacheFormat(NamedTuple):
     """How an engine stores K/V: ``new_cache(model, num_blocks, block_size)`` builds the
-    pool, ``block_bytes(model, block_size)`` is what one block costs (for sizing)."""
+    pool, ``block_bytes(model, block_size)`` is what one block costs (for sizing),
+    ``backends`` the attention backends its caches implement."""
 
     new_cache: Callable
     block_bytes: Callable
+    backends: tuple[str, ...] = ATTENTION_BACKENDS
 
 
 def _new_model_dtype_cache(model, num_blocks: int, block_size: int):
@@ -219,6 +223,24 @@ def _model_dtype_block_bytes(model, block_size: int) -> int:
 
 MODEL_DTYPE_CACHE = CacheFormat(_new_model_dtype_cache, _model_dtype_block_bytes)
 """``kv_cache_dtype="auto"``: chapter 7's ``PagedKVCache`` in the model's dtype."""
+
+
+def resolve_attention_backend(name: str, device: torch.device | str,
+                              available: tuple[str, ...] = ATTENTION_BACKENDS) -> str:
+    """The attention backend an engine on ``device`` uses for ``name``: ``"auto"`` is
+    Triton on a GPU and PyTorch elsewhere (Triton on a CPU only interprets), when the
+    cache format has a PyTorch path (``available``); a name it lacks raises."""
+    choices = ("auto", *ATTENTION_BACKENDS)
+    if name not in choices:
+        raise ValueError(f"attention_backend must be one of {choices}, got {name!r}")
+    if name == "auto":
+        on_gpu = torch.device(device).type == "cuda"
+        return "torch" if not on_gpu and "torch" in available else "triton"
+    if name not in available:
+        raise ValueError(f"this kv_cache_dtype has no {name!r} attention backend (only "
+                         + f"{list(available)}): use attention_backend='auto' or "
+                         + "kv_cache_dtype='auto'")
+    return name
 
 
 def _check_engine_args(device, gpu_memory_utilization) -> None:
@@ -257,7 +279,7 @@ class LLMEngine:
     (``EngineParts()``: this chapter's); ``kv_cache_dtype`` names one of its cache
     formats. ``num_blocks=None`` sizes the cache from free GPU memory
     (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
-    default on CPU.
+    default on CPU. ``attention_backend``: see ``resolve_attention_backend``.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
@@ -270,7 +292,7 @@ class LLMEngine:
                  kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
                  policy: str = "decode_first", preemption_mode: str = "recompute",
                  num_cpu_blocks: int | None = None, enable_cuda_graphs: bool | None = None,
-                 check_invariants: bool = False) -> None:
+                 check_invariants: bool = False, attention_backend: str = "auto") -> None:
         parts = parts or EngineParts()
         if kv_cache_dtype not in parts.cache_formats:
             raise ValueError(f"kv_cache_dtype must be one of {sorted(parts.cache_formats)}, "
@@ -278,6 +300,8 @@ class LLMEngine:
         _check_engine_args(device, gpu_memory_utilization)
         cache_format = parts.cache_formats[kv_cache_dtype]
         model, self.tokenizer = _load_model(model, tokenizer, device)
+        self.attention_backend = resolve_attention_backend(attention_backend, model.device,
+                                                           cache_format.backends)
         self.model = parts.prepare_model(model)
         config = self.model.config
         self.max_model_len = _model_len(max_model_len, config.max_position_embeddings)
@@ -285,6 +309,7 @@ class LLMEngine:
             num_blocks = self._auto_num_blocks(cache_format.block_bytes(self.model, block_size),
                                                gpu_memory_utilization, max_num_batched_tokens)
         self.cache = cache_format.new_cache(self.model, num_blocks, block_size)
+        self.cache.attention_backend = self.attention_backend
         if preemption_mode == "swap" and num_cpu_blocks is None:
             num_cpu_blocks = num_blocks
         cpu_cache = self.cache.cpu_pool(num_cpu_blocks) if num_cpu_blocks else None

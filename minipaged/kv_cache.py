@@ -22,6 +22,7 @@ __all__ = [
     "PagedKVCache",
     "KVCacheError",
     "LAYOUTS",
+    "ATTENTION_BACKENDS",
     "write_kv_reference",
     "copy_blocks_reference",
     # shared with chapter 12's FP8 cache
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 LAYOUTS = ("NHD", "HND")
+ATTENTION_BACKENDS = ("triton", "torch")
+"""The implementations of the cache's operations, by name: the Triton kernels, or plain
+PyTorch (the references, which are fast on a CPU where Triton only interprets)."""
 
 
 class KVCacheError(ValueError):
@@ -69,6 +73,7 @@ class PagedKVCache:
                  else (num_kv_heads, block_size, head_dim))
         self.storage = torch.zeros((num_layers, 2, num_blocks, *inner), dtype=dtype,
                                    device=self.device, pin_memory=pin_memory)
+        self.attention_backend = "triton"  # one of ATTENTION_BACKENDS; an engine sets it
 
     @classmethod
     def from_budget(cls, budget_bytes: int, num_layers: int, block_size: int,
@@ -174,6 +179,9 @@ class PagedKVCache:
         if num_tokens == 0:
             return
         slot_mapping = slot_mapping.to(self.storage.device)
+        if self.attention_backend == "torch":
+            write_kv_reference(self, layer, key, value, slot_mapping)
+            return
         stride_block, stride_token, stride_head = self.strides()
         _write_kv_kernel[(num_tokens,)](
             key, value, self.key_cache(layer), self.value_cache(layer), slot_mapping,
@@ -214,6 +222,9 @@ class PagedKVCache:
                                + f"split the copy")
         if not pairs:
             return
+        if self.attention_backend == "torch":
+            copy_blocks_reference(self, pairs)
+            return
         block_numel = self.block_size * self.num_kv_heads * self.head_dim
         chunk = min(4096, triton.next_power_of_2(block_numel))
         table = torch.tensor(pairs, dtype=torch.int64, device=self.storage.device)
@@ -245,12 +256,18 @@ class PagedKVCache:
 def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor,
                        value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Plain-PyTorch ``cache.write``: token ``i`` goes to slot ``slot_mapping[i]``."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    block, offset = slots // cache.block_size, slots % cache.block_size
-    cache.token_view(cache.key_cache(layer))[block, offset] = key[keep].to(cache.dtype)
-    v_view = cache.token_view(cache.value_cache(layer))
-    v_view[block, offset] = value[keep].to(cache.dtype)
+    keep = (slot_mapping >= 0) & (slot_mapping < cache.num_slots)
+    if bool(keep.all()):  # the usual step: no boolean indexing, no copies of key/value
+        slots, keep = slot_mapping.long(), slice(None)
+    else:
+        slots = slot_mapping[keep].long()
+    for tensor, new in ((cache.key_cache(layer), key), (cache.value_cache(layer), value)):
+        new = new[keep].to(cache.dtype)
+        if cache.layout == "NHD":  # slot s is row s of the layer seen as [slots, H, D]
+            tensor.view(cache.num_slots, *tensor.shape[2:]).index_copy_(0, slots, new)
+        else:
+            block, offset = slots // cache.block_size, slots % cache.block_size
+            cache.token_view(tensor)[block, offset] = new
 
 
 # %% chapters/07_paged_kv_cache.md § Writing new tokens at their slots

@@ -6,7 +6,9 @@
 
 The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter
 12's FP8 cache format beside chapter 7's, and chapter 13's fused model, one-kernel
-sampler, overlap scheduler and overlapped step loop.
+sampler, overlap scheduler and overlapped step loop. With the PyTorch attention backend
+(a CPU) the model and sampler are chapter 9's and chapter 11's, whose PyTorch code is
+fast there, where the fused Triton kernels would only be interpreted.
 """
 
 from __future__ import annotations
@@ -16,20 +18,35 @@ from dataclasses import replace
 import torch
 
 from minipaged.engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, CacheFormat, EngineParts,
-                              LLMEngine, RequestOutput, StepLoop)
+                              LLMEngine, RequestOutput, StepLoop, resolve_attention_backend)
 from minipaged.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
                                    as_fast_model, serves_mixed_batches)
 from minipaged.fp8_kv_cache import fp8_block_bytes, new_fp8_cache
+from minipaged.runtime import default_device
+from minipaged.sampler import Sampler
 from minipaged.scheduler import SamplingParams
 
-__all__ = ["FAST_PARTS", "LLM"]
+__all__ = ["FAST_PARTS", "TORCH_PARTS", "LLM"]
 
 FAST_PARTS = EngineParts(
     cache_formats={"auto": MODEL_DTYPE_CACHE,
-                   "fp8": CacheFormat(new_fp8_cache, fp8_block_bytes)},
+                   "fp8": CacheFormat(new_fp8_cache, fp8_block_bytes, backends=("triton",))},
     prepare_model=as_fast_model, sampler=FusedSampler, scheduler=OverlapScheduler,
     step_loop=OverlapStepLoop, single_forward=serves_mixed_batches)
 """The best part of every kind the book builds."""
+
+TORCH_PARTS = replace(FAST_PARTS, prepare_model=lambda model: model, sampler=Sampler,
+                      single_forward=EngineParts().single_forward)
+"""The parts for the PyTorch attention backend: chapter 9's model, chapter 11's sampler."""
+
+
+def _engine_device(model, device) -> torch.device:
+    """The device the engine will run ``model`` on (as chapter 11's loader places it)."""
+    if device is not None:
+        return torch.device(device)
+    if isinstance(model, torch.nn.Module):
+        return model.device
+    return default_device()
 
 
 class LLM:
@@ -40,7 +57,9 @@ class LLM:
     model's dtype) or ``"fp8"`` (e4m3 with per-slot scales, chapter 12).
     ``overlap_scheduling``: plan each plain decode step while the GPU runs the previous
     one (chapter 13). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
-    of the GPU's memory (a small default on CPU). The other options are vLLM's, with
+    of the GPU's memory (a small default on CPU). ``attention_backend``: ``"auto"``
+    (Triton kernels on a GPU, PyTorch on a CPU), ``"triton"`` or ``"torch"`` (chapter
+    11). The other options are vLLM's, with
     its meaning; ``check_invariants`` checks the block manager after every step.
     ``llm_engine`` is the ``LLMEngine`` underneath, for a loop of ``add_request`` and
     ``step``.
@@ -54,8 +73,13 @@ class LLM:
                  overlap_scheduling: bool = True, gpu_memory_utilization: float = 0.9,
                  policy: str = "decode_first", preemption_mode: str = "recompute",
                  num_cpu_blocks: int | None = None, enable_cuda_graphs: bool | None = None,
-                 check_invariants: bool = False) -> None:
-        parts = FAST_PARTS if overlap_scheduling else replace(FAST_PARTS, step_loop=StepLoop)
+                 check_invariants: bool = False, attention_backend: str = "auto") -> None:
+        formats = FAST_PARTS.cache_formats
+        backend = resolve_attention_backend(
+            attention_backend, _engine_device(model, device),
+            formats[kv_cache_dtype].backends if kv_cache_dtype in formats else ())
+        parts = FAST_PARTS if backend == "triton" else TORCH_PARTS
+        parts = parts if overlap_scheduling else replace(parts, step_loop=StepLoop)
         self.llm_engine = LLMEngine(
             model, parts=parts, tokenizer=tokenizer, device=device, block_size=block_size,
             num_blocks=num_blocks, max_num_seqs=max_num_seqs,
@@ -64,7 +88,8 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill, kv_cache_dtype=kv_cache_dtype,
             gpu_memory_utilization=gpu_memory_utilization, policy=policy,
             preemption_mode=preemption_mode, num_cpu_blocks=num_cpu_blocks,
-            enable_cuda_graphs=enable_cuda_graphs, check_invariants=check_invariants)
+            enable_cuda_graphs=enable_cuda_graphs, check_invariants=check_invariants,
+            attention_backend=backend)
 
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -100,7 +125,8 @@ class LLM:
 
     @property
     def model(self):
-        """The model the engine runs (chapter 13's ``FastQwen3Model``)."""
+        """The model the engine runs (chapter 13's ``FastQwen3Model``; chapter 9's model
+        with the PyTorch attention backend)."""
         return self.llm_engine.model
 
     @property

@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minipaged.block_manager import StepReservation
 from minipaged.block_table import blocks_needed, pad_block_tables, slots_for_positions
-from minipaged.decode_attention import paged_attention
+from minipaged.decode_attention import DECODE_ATTENTION
 from minipaged.kv_cache import PagedKVCache
 
 __all__ = [
@@ -425,11 +425,12 @@ def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
                  ) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached keys and values:
     the cache's own ``paged_attention`` method when it has one, else chapter 8's
-    kernel."""
+    implementation named by the cache's ``attention_backend``."""
     read = getattr(cache, "paged_attention", None)
     if read is not None:
         return read(query, layer, block_tables, seq_lens, scale=scale)
-    return paged_attention(query, cache, layer, block_tables, seq_lens, scale=scale)
+    attend = DECODE_ATTENTION[cache.attention_backend]
+    return attend(query, cache, layer, block_tables, seq_lens, scale=scale)
 
 
 # %% chapters/09_qwen3.md § The MLP and the decoder layer

@@ -1,6 +1,7 @@
 """Chapter 13: the fused kernels against their references (interpreter at small, odd sizes), the
 fast model against chapter 9's and transformers, the fast engine against transformers."""
 
+import functools
 import random
 
 import pytest
@@ -12,7 +13,10 @@ import minipaged
 import minipaged.fast_engine
 import minipaged.sampler
 from minipaged.engine import LLMEngine
-from minipaged.llm import LLM
+from minipaged.llm import LLM as PackageLLM
+
+# The fast parts are Triton kernels; on a CPU attention_backend="auto" would choose PyTorch.
+LLM = functools.partial(PackageLLM, attention_backend="triton")
 from minipaged.fast_engine import (FastQwen3Model, PrefillPlan, add_rms_norm,
                                    add_rms_norm_reference, fuse_linears, fused_weight_bytes,
                                    paged_prefill_attention, qk_norm_rope, qk_norm_rope_reference,
@@ -322,7 +326,7 @@ def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
     from minipaged.fast_engine import FusedSampler, OverlapScheduler, OverlapStepLoop
     from minipaged.llm import FAST_PARTS
 
-    assert minipaged.LLM is LLM and not issubclass(LLM, LLMEngine)
+    assert minipaged.LLM is PackageLLM and not issubclass(PackageLLM, LLMEngine)
     llm = LLM(setup[0], block_size=4)
     engine = llm.llm_engine
     assert type(engine) is LLMEngine and isinstance(engine.model, FastQwen3Model)
