@@ -692,22 +692,27 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
 # %% chapters/09_qwen3.md § Generating: prefill, then paged decode
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """transformers ``generate(do_sample=False)`` per prompt (no padding), with logits.
+    """Greedy decoding with transformers' own forward, per prompt (no padding), with logits.
 
     Returns the new tokens of each prompt and, per prompt, a [max_new_tokens, vocab]
     fp32 tensor. transformers keeps a contiguous (non-paged) cache: the contiguous
-    baseline.
+    baseline. Like ``greedy_generate`` it ignores end-of-sequence, and it takes the
+    argmax of the raw logits (``generate(min_new_tokens=...)`` would instead forbid the
+    EOS token, so the two would part at the first EOS).
     """
     tokens, logits = [], []
     device = hf_model.device
     for prompt in prompts:
-        ids = torch.tensor([prompt], device=device)
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids),
-                                do_sample=False, max_new_tokens=max_new_tokens,
-                                min_new_tokens=max_new_tokens, output_logits=True,
-                                return_dict_in_generate=True, pad_token_id=0)
-        tokens.append(out.sequences[0, len(prompt):].tolist())
-        logits.append(torch.stack([step[0].float().cpu() for step in out.logits]))
+        ids, past, chosen, steps = torch.tensor([prompt], device=device), None, [], []
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                out = hf_model(ids, past_key_values=past, use_cache=True)
+                past, step_logits = out.past_key_values, out.logits[0, -1].float()
+                chosen.append(int(step_logits.argmax()))
+                steps.append(step_logits.cpu())
+                ids = torch.tensor([[chosen[-1]]], device=device)
+        tokens.append(chosen)
+        logits.append(torch.stack(steps))
     return tokens, logits
 
 
