@@ -12,6 +12,7 @@ import torch
 
 from minipaged.block_table import blocks_needed
 from minipaged.qwen3 import ForwardBatch
+from minipaged.sampler import top_logprobs
 from minipaged.scheduler import SchedulerOutput
 
 __all__ = ["ModelRunner", "DecodeGraphs"]
@@ -125,11 +126,17 @@ class ModelRunner:
 
     # %% chapters/11_engine.md § Two batches per step
     def sample(self, logits: torch.Tensor, rows) -> list:
-        """One token per row: ``[((sequence, fork_child), token), ...]``."""
+        """One token per row: ``[((sequence, fork_child), token, logprobs), ...]``, where
+        ``logprobs`` is ``top_logprobs``'s entry for a request that asks for them
+        (``SamplingParams.logprobs``), else None."""
         if not rows:
             return []
         seqs = [child or seq for seq, child in rows]
-        return list(zip(rows, self.sampler(logits, seqs).tolist()))
+        tokens = self.sampler(logits, seqs)
+        ks = [s.params.logprobs for s in seqs]
+        logprobs = (top_logprobs(logits, tokens, ks) if any(k is not None for k in ks)
+                    else ks)
+        return list(zip(rows, tokens.tolist(), logprobs))
 
     # %% chapters/11_engine.md § CUDA graphs for decode
     def decode_graphs(self) -> DecodeGraphs | None:
