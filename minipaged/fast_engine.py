@@ -738,7 +738,8 @@ class OverlapStepLoop(StepLoop):
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
         engine = self.engine
-        if not engine.scheduler.next_is_decode():
+        if not engine.scheduler.next_is_decode() or any(  # log-probabilities: synchronous
+                s.params.logprobs is not None for s in engine.scheduler.running):
             self.settle()
             finished, self.ready = self.ready + super().step(), []
             return finished
@@ -794,10 +795,17 @@ class OverlapStepLoop(StepLoop):
         if step.ready is not None:
             step.ready.synchronize()
         tokens = step.host.tolist()
+        seqs = [seq for seq, _ in step.placeholders]
         stopped, done = self.engine.scheduler.resolve(
-            [seq for seq, _ in step.placeholders],
-            [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
+            seqs, [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
             keep_running)
+        if not keep_running:
+            done += self.engine.stop_on_text(seqs)
+        for seq in self.engine.text_stops(seqs):  # a stop string, in a launched step
+            if seq.status.finished:
+                seq.status = SequenceStatus.FINISHED_STOPPED
+            else:
+                stopped[seq.seq_id] = SequenceStatus.FINISHED_STOPPED
         self._finished(done)
         return stopped
 
