@@ -652,14 +652,15 @@ class LLMEngine:
     @exclusive
     def request_output(self, request_id: str) -> RequestOutput:
         """The output so far of a request not yet returned by ``step``: what a server
-        streams. Its text only ever grows while it runs."""
+        streams. Its text only ever grows; ``finished`` stays False until its last token is
+        known (chapter 13 holds a request back while that token is on the GPU)."""
         for output in self.loop.ready:
             if output.request_id == request_id:
                 return output
         request = self.requests.get(request_id)
         if request is None:
             raise KeyError(f"unknown or already finished request {request_id!r}")
-        return self._output(request)
+        return replace(self._output(request), finished=False)
 
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
