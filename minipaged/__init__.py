@@ -163,6 +163,7 @@ _ELSEWHERE = {
     "MODEL_DTYPE_CACHE": "engine",
     "StepLoop": "engine",
     "EngineBusyError": "engine",
+    "OutputProcessor": "engine",
     "make_generator": "sampler",
     "sample": "sampler",
     "Sampler": "sampler",

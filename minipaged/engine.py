@@ -44,6 +44,7 @@ __all__ = [
     "EngineParts",
     "LLMEngine",
     "EngineBusyError",
+    "OutputProcessor",
 ]
 
 
@@ -294,9 +295,8 @@ class LLMEngine:
     (``EngineParts()``: this chapter's); ``kv_cache_dtype`` names one of its cache
     formats. ``num_blocks=None`` sizes the cache from free GPU memory
     (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
-    default on CPU. ``dtype`` is the weights' dtype: ``"auto"`` keeps the model's,
-    ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or that ``torch.dtype``) converts
-    the engine's copy of them (the caller's model is left as it is).
+    default on CPU. ``dtype``: ``"auto"`` (the model's), ``"float32"``, ``"bfloat16"``,
+    ``"float16"`` or a ``torch.dtype``; another converts the engine's copy of the weights.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
@@ -319,7 +319,6 @@ class LLMEngine:
         cache_format = parts.cache_formats[kv_cache_dtype]
         generation_config = getattr(model, "generation_config", None)
         model, self.tokenizer = _load_model(model, tokenizer, device, _model_dtype(dtype))
-        generation_config = getattr(model, "generation_config", generation_config)
         self.model = parts.prepare_model(model)
         config = self.model.config
         self.max_model_len = _model_len(max_model_len, config.max_position_embeddings)
@@ -348,10 +347,12 @@ class LLMEngine:
             single_forward=parts.single_forward)
         self.loop = parts.step_loop(self)
         self.check_invariants = check_invariants
-        eos = _eos_ids(config, self.tokenizer, generation_config)
+        eos = _eos_ids(config, self.tokenizer,
+                       getattr(model, "generation_config", generation_config))
         self.eos_token_id = eos[0] if eos else None
         self.extra_eos_token_ids = tuple(eos[1:])  # stop tokens of every request
         self.requests: dict[str, _Request] = {}
+        self.output_processor = OutputProcessor(self.tokenizer, tuple(eos), self.requests)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self._entry = threading.Lock()  # guards the three fields below (``exclusive``)
@@ -389,12 +390,10 @@ class LLMEngine:
         for one that can never be served; either way nothing is queued.
         """
         params = params or SamplingParams()
-        request_id = self._check_request_id(request_id)
+        request_id = _request_id(request_id, self)
         text, ids = self._tokenize(prompt)
-        _check_request(ids, params, self.model.config.vocab_size, self.scheduler)
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer: give the engine one, "
-                                      + "or stop on token ids (stop_token_ids)")
+        _check_request(ids, params, self.model.config.vocab_size, self.scheduler,
+                       self.tokenizer is not None)
         self.scheduler.check_prompt(len(ids))
         _check_fits_cache(len(ids), params, self.scheduler)
         if self.extra_eos_token_ids and not params.ignore_eos:  # a copy: the caller's stays
@@ -410,23 +409,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """Whether any added request is still waiting, running, swapped out or in flight."""
         return self.loop.in_flight() or self.scheduler.has_unfinished()
-
-
-    def _check_request_id(self, request_id: str | None) -> str:
-        """``request_id`` checked (a string no unfinished request holds), or a fresh one."""
-        taken = self.requests.keys() | {o.request_id for o in self.loop.ready}
-        if request_id is None:
-            request_id = str(next(self._request_ids))
-            while request_id in taken:  # a caller chose this one
-                request_id = str(next(self._request_ids))
-            return request_id
-        if not isinstance(request_id, str):
-            raise InvalidRequestError("request_id must be a string, got "
-                                      + f"{type(request_id).__name__} {request_id!r}")
-        if request_id in taken:
-            raise InvalidRequestError(f"request_id {request_id!r} belongs to an unfinished "
-                                      + "request: choose another, or abort that one first")
-        return request_id
 
     # %% chapters/11_engine.md § The LLMEngine class
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -508,7 +490,7 @@ class LLMEngine:
             request = self.requests.get(request_id)
             if request is not None and request.finished and (complete is None
                                                               or complete(request)):
-                outputs.append(self._output(self.requests.pop(request_id)))
+                outputs.append(self.output_processor.output(self.requests.pop(request_id)))
         return outputs
 
     # %% chapters/11_engine.md § generate
@@ -558,109 +540,17 @@ class LLMEngine:
                 bar.close()
         return [results[i] for i in ids]
 
-
-    def _output(self, request: _Request) -> RequestOutput:
-        outputs = []
-        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
-            text = self._text(request, seq)
-            tokens = [t for t in seq.output_token_ids if t >= 0]  # none in flight
-            index = seq.sample_index
-            logprobs = request.logprobs.get(index) if request.params.logprobs is not None else None
-            outputs.append(CompletionOutput(
-                index, tokens, None if text is None else text.text, seq.finish_reason,
-                self._stop_reason(seq, tokens, text), request.cumulative_logprob.get(index),
-                None if logprobs is None else logprobs[:len(tokens)]))
-        first = request.seqs[0] if request.seqs else None
-        metrics = {} if first is None else {
-            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
-            "finish_time": max(s.finish_time or 0 for s in request.seqs),
-            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
-            "num_cached_tokens": first.num_cached_prompt_tokens}
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                             outputs, request.finished, request.error, metrics)
-
     # %% chapters/11_engine.md § Text out
-    def _text(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer | None:
-        """The detokenizer of ``seq``, fed every token known so far (None: no tokenizer).
-        A negative id is a token still on the GPU (chapter 13): it and what follows wait."""
-        if self.tokenizer is None:
-            return None
-        text = request.texts.get(seq.sample_index)
-        if text is None:
-            params = request.params
-            text = request.texts[seq.sample_index] = IncrementalDetokenizer(
-                self.tokenizer, params.stop, params.include_stop_str_in_output)
-        tokens, end = seq.output_token_ids, len(seq.output_token_ids)
-        while end > text.num_tokens and tokens[end - 1] < 0:
-            end -= 1
-        if end > text.num_tokens:
-            text.push(tokens[text.num_tokens:end])
-        if seq.status.finished and end == len(tokens):
-            text.finish()
-        return text
-
-
-    def text_stops(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Those of ``seqs`` with stop strings whose text now holds one (and that no stop
-        string finished yet): the caller finishes them."""
-        hits = []
-        for seq in seqs:
-            request = self.requests.get(seq.request_id) if seq.params.stop else None
-            if request is None or seq.status is SequenceStatus.FINISHED_STOPPED:
-                continue
-            if self._text(request, seq).stop_reason is not None:
-                hits.append(seq)
-        return hits
-
-
-    def stop_on_text(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Finish the sequences whose text holds a stop string; returns those that were still
-        running (a sequence already finished, at its length limit, is relabelled)."""
-        done = []
-        for seq in self.text_stops(seqs):
-            if not seq.status.finished:
-                self.scheduler.abort(seq.seq_id)  # frees its blocks now
-                done.append(seq)
-            seq.status = SequenceStatus.FINISHED_STOPPED
-        return done
-
-
-    def record_logprobs(self, picks: list) -> None:
-        """Append the log-probabilities of a committed step's samples to their requests."""
-        for (seq, child), _, entry in picks:
-            if entry is None:
-                continue
-            seq = child or seq
-            request, index = self.requests[seq.request_id], seq.sample_index
-            request.logprobs.setdefault(index, []).append(entry[1])
-            request.cumulative_logprob[index] = request.cumulative_logprob.get(index, 0.0) + entry[0]
-
-
-    def _stop_reason(self, seq: Sequence, tokens: list[int],
-                     text: IncrementalDetokenizer | None) -> str | int | None:
-        """The stop string or stop token id that finished ``seq`` (None: EOS, or no stop)."""
-        if seq.finish_reason != "stop":
-            return None
-        if text is not None and text.stop_reason is not None:
-            return text.stop_reason
-        last = tokens[-1] if tokens else None
-        if last in (self.eos_token_id, *self.extra_eos_token_ids):
-            return None
-        return last if last in seq.params.stop_token_ids else None
-
-
     @exclusive
     def request_output(self, request_id: str) -> RequestOutput:
-        """The output so far of a request not yet returned by ``step``: what a server
-        streams. Its text only ever grows; ``finished`` stays False until its last token is
-        known (chapter 13 holds a request back while that token is on the GPU)."""
+        """The output so far of a request ``step`` has not returned (what a server streams):
+        its text only grows, and ``finished`` stays False until ``step`` returns it."""
         for output in self.loop.ready:
             if output.request_id == request_id:
                 return output
-        request = self.requests.get(request_id)
-        if request is None:
+        if request_id not in self.requests:
             raise KeyError(f"unknown or already finished request {request_id!r}")
-        return replace(self._output(request), finished=False)
+        return replace(self.output_processor.output(self.requests[request_id]), finished=False)
 
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
@@ -692,7 +582,7 @@ class LLMEngine:
             self.runner.sampler.drop(seq.seq_id)
             if not seq.status.finished:
                 self.scheduler.abort(seq.seq_id)
-        return self._output(request)
+        return self.output_processor.output(request)
 
 
     def _abort_all(self, request_ids: list[str]) -> None:
@@ -705,9 +595,9 @@ class LLMEngine:
     def _refuse(self, prompt, params: SamplingParams, error: Exception,
                 results: dict) -> str:
         """Record a prompt that can never be served as an output with ``error`` set."""
-        request_id = self._check_request_id(None)
+        request_id = _request_id(None, self)
         text, tokens = self._tokenize(prompt)
-        results[request_id] = self._output(_Request(request_id, text, tokens, params, [],
+        results[request_id] = self.output_processor.output(_Request(request_id, text, tokens, params, [],
                                                     str(error)))
         return request_id
 
@@ -798,11 +688,14 @@ class LLMEngine:
 
 # %% chapters/11_engine.md § The LLMEngine class
 def _check_request(ids: list[int], params: SamplingParams, vocab: int,
-                   scheduler: Scheduler) -> None:
+                   scheduler: Scheduler, has_tokenizer: bool = True) -> None:
     """Raise ``InvalidRequestError`` if the request can never be valid."""
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("expected SamplingParams, got "
                                   + type(params).__name__)
+    if params.stop and not has_tokenizer:
+        raise InvalidRequestError("stop strings need a tokenizer: give the engine one, "
+                                  + "or stop on token ids (stop_token_ids)")
     tokens = (*ids, *params.stop_token_ids)
     if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
         bad = [t for t in tokens if not 0 <= t < vocab]
@@ -847,6 +740,10 @@ class StepLoop:
         """Whether work is under way that the scheduler's queues do not show."""
         return bool(self.ready)
 
+    def ready_ids(self) -> set[str]:
+        """The ids of the finished requests that ``step`` has not returned yet."""
+        return {output.request_id for output in self.ready}
+
     def settle(self) -> None:
         """Complete the work in flight, so that the engine is synchronous (no-op here)."""
 
@@ -873,10 +770,22 @@ class StepLoop:
         for parent, child, _ in forks:
             engine.requests[parent.request_id].seqs.append(child)
         done = engine.scheduler.commit(out, sampled, engine.eos_token_id, forks)
-        engine.record_logprobs(picks)
-        done += engine.stop_on_text([child or seq for (seq, child), _, _ in picks])
+        engine.output_processor.record_logprobs(picks)
+        done += self.stop_on_text([child or seq for (seq, child), _, _ in picks])
         engine.account(out, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
         return engine.finish(done)
+
+    # %% chapters/11_engine.md § Text out
+    def stop_on_text(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Finish the sequences whose text holds a stop string; returns those that were still
+        running (one already finished, at its length limit, is relabelled)."""
+        done = []
+        for seq in self.engine.output_processor.text_stops(seqs):
+            if not seq.status.finished:
+                self.engine.scheduler.abort(seq.seq_id)  # frees its blocks now
+                done.append(seq)
+            seq.status = SequenceStatus.FINISHED_STOPPED
+        return done
 
 
 # %% chapters/11_engine.md § Two batches per step
@@ -907,6 +816,112 @@ class EngineParts:
     def with_cache_format(self, name: str, cache_format: CacheFormat) -> EngineParts:
         """These parts with one more ``kv_cache_dtype``."""
         return replace(self, cache_formats={**self.cache_formats, name: cache_format})
+
+
+# %% chapters/11_engine.md § Text out
+class OutputProcessor:
+    """What a user reads of the engine's requests: each sequence's text (an incremental
+    detokenizer, made on first use), the stop strings found in it, its stop reason and
+    its log-probabilities. ``requests`` is the engine's table of unfinished requests."""
+
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...],
+                 requests: dict[str, _Request]) -> None:
+        self.tokenizer, self.eos_token_ids, self.requests = tokenizer, eos_token_ids, requests
+
+    def text(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer | None:
+        """The detokenizer of ``seq``, fed every token known so far (None: no tokenizer).
+        A negative id is a token still on the GPU (chapter 13): it and what follows wait."""
+        if self.tokenizer is None:
+            return None
+        text = request.texts.get(seq.sample_index)
+        if text is None:
+            params = request.params
+            text = request.texts[seq.sample_index] = IncrementalDetokenizer(
+                self.tokenizer, params.stop, params.include_stop_str_in_output)
+        tokens, end = seq.output_token_ids, len(seq.output_token_ids)
+        while end > text.num_tokens and tokens[end - 1] < 0:
+            end -= 1
+        if end > text.num_tokens:
+            text.push(tokens[text.num_tokens:end])
+        if seq.status.finished and end == len(tokens):
+            text.finish()
+        return text
+
+    def text_stops(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Those of ``seqs`` with stop strings whose text now holds one (and that no stop
+        string finished yet): the step loop finishes them."""
+        hits = []
+        for seq in seqs:
+            request = self.requests.get(seq.request_id) if seq.params.stop else None
+            if request is None or seq.status is SequenceStatus.FINISHED_STOPPED:
+                continue
+            if self.text(request, seq).stop_reason is not None:
+                hits.append(seq)
+        return hits
+
+    def record_logprobs(self, picks: list) -> None:
+        """Append the log-probabilities of a committed step's samples to their requests."""
+        for (seq, child), _, entry in picks:
+            if entry is not None:
+                seq = child or seq
+                request, index = self.requests[seq.request_id], seq.sample_index
+                request.logprobs.setdefault(index, []).append(entry[1])
+                total = request.cumulative_logprob.get(index, 0.0)
+                request.cumulative_logprob[index] = total + entry[0]
+
+    def output(self, request: _Request) -> RequestOutput:
+        """The request's ``RequestOutput``: its completions, in sample order, and metrics."""
+        outputs = [self.completion(request, seq)
+                   for seq in sorted(request.seqs, key=lambda s: s.sample_index)]
+        first = request.seqs[0] if request.seqs else None
+        metrics = {} if first is None else {
+            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+            "finish_time": max(s.finish_time or 0 for s in request.seqs),
+            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
+            "num_cached_tokens": first.num_cached_prompt_tokens}
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             outputs, request.finished, request.error, metrics)
+
+    def completion(self, request: _Request, seq: Sequence) -> CompletionOutput:
+        """``seq``'s output: its known tokens, text, finish and stop reasons, logprobs."""
+        text = self.text(request, seq)
+        tokens = [t for t in seq.output_token_ids if t >= 0]  # none still on the GPU
+        index = seq.sample_index
+        logprobs = request.logprobs.get(index, []) if request.params.logprobs is not None else None
+        return CompletionOutput(
+            index, tokens, None if text is None else text.text, seq.finish_reason,
+            self.stop_reason(seq, tokens, text), request.cumulative_logprob.get(index),
+            None if logprobs is None else logprobs[:len(tokens)])
+
+    def stop_reason(self, seq: Sequence, tokens: list[int],
+                    text: IncrementalDetokenizer | None) -> str | int | None:
+        """The stop string or stop token id that finished ``seq`` (None: EOS, or none)."""
+        if seq.finish_reason != "stop":
+            return None
+        if text is not None and text.stop_reason is not None:
+            return text.stop_reason
+        last = tokens[-1] if tokens else None
+        if last in self.eos_token_ids:
+            return None
+        return last if last in seq.params.stop_token_ids else None
+
+
+def _request_id(request_id: str | None, engine: LLMEngine) -> str:
+    """``request_id`` checked (a string that no request of ``engine`` not yet returned
+    holds), or the next free id of its counter."""
+    taken, counter = engine.requests.keys() | engine.loop.ready_ids(), engine._request_ids
+    if request_id is None:
+        request_id = str(next(counter))
+        while request_id in taken:  # a caller chose this one
+            request_id = str(next(counter))
+        return request_id
+    if not isinstance(request_id, str):
+        raise InvalidRequestError("request_id must be a string, got "
+                                  + f"{type(request_id).__name__} {request_id!r}")
+    if request_id in taken:
+        raise InvalidRequestError(f"request_id {request_id!r} belongs to an unfinished "
+                                  + "request: choose another, or abort that one first")
+    return request_id
 
 
 # %% chapters/11_engine.md § Beam search on fork and copy-on-write

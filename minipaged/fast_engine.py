@@ -800,8 +800,8 @@ class OverlapStepLoop(StepLoop):
             seqs, [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
             keep_running)
         if not keep_running:
-            done += self.engine.stop_on_text(seqs)
-        for seq in self.engine.text_stops(seqs):  # a stop string, in a launched step
+            done += self.stop_on_text(seqs)
+        for seq in self.engine.output_processor.text_stops(seqs):  # in a launched step
             if seq.status.finished:
                 seq.status = SequenceStatus.FINISHED_STOPPED
             else:
