@@ -21,13 +21,15 @@ import torch
 
 from minipaged.block_table import blocks_needed
 from minipaged.kv_cache import ATTENTION_BACKENDS
+from minipaged.detokenizer import IncrementalDetokenizer
 from minipaged.model_runner import ModelRunner
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import Qwen3PagedModel
 from minipaged.runtime import default_device
 from minipaged.sampler import Sampler
 from minipaged.scheduler import (PromptTooLongError, SamplingParams, ScheduledChunk,
-                                 Scheduler, SchedulerConfig, SchedulerOutput, Sequence)
+                                 Scheduler, SchedulerConfig, SchedulerOutput, Sequence,
+                                 SequenceStatus)
 from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "EngineParts",
     "LLMEngine",
     "EngineBusyError",
+    "OutputProcessor",
 ]
 
 
@@ -92,12 +95,24 @@ def exclusive(method):
 # %% chapters/11_engine.md § What generate returns
 @dataclass
 class CompletionOutput:
-    """One generated continuation of a prompt (``n`` of them per request)."""
+    """One generated continuation of a prompt (``n`` of them per request).
+
+    ``text`` is ``None`` without a tokenizer. ``stop_reason`` is the stop string or the
+    stop token id that ended it (``None`` for an end-of-sequence token or a length).
+    With ``SamplingParams(logprobs=k)``, ``logprobs`` holds per generated token a dict
+    ``{token_id: log-probability}`` of the sampled token and the ``k`` most likely ones,
+    and ``cumulative_logprob`` their sampled tokens' sum; both are ``None`` otherwise.
+    Log-probabilities are those of the model's raw logits (before temperature, top-k
+    and top-p), as vLLM reports by default.
+    """
 
     index: int
     token_ids: list[int]
     text: str | None
     finish_reason: str | None
+    stop_reason: str | int | None = None
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass
@@ -110,7 +125,7 @@ class RequestOutput:
     and prompt tokens found cached.
     """
 
-    request_id: int
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
@@ -153,13 +168,16 @@ class RunStats:
 # %% chapters/11_engine.md § The LLMEngine class
 @dataclass
 class _Request:
-    request_id: int
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
     error: str | None = None
     aborted: bool = False
+    texts: dict[int, IncrementalDetokenizer] = field(default_factory=dict)  # per sample
+    logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
+    cumulative_logprob: dict[int, float] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -177,22 +195,43 @@ def _prompt_list(prompts) -> list:
     return [prompts] if one else prompts
 
 
-def _load_model(model, tokenizer, device):
+def _load_model(model, tokenizer, device, dtype: torch.dtype | None = None):
     if isinstance(model, str):  # a name or a path: chapter 9's loader
         from minipaged.qwen3 import load_model
 
-        model, tokenizer = load_model(model, device=device or default_device())
+        model, tokenizer = load_model(model, device=device or default_device(), dtype=dtype)
     if not isinstance(model, Qwen3PagedModel):
+        generation_config = getattr(model, "generation_config", None)  # its EOS ids
         model = Qwen3PagedModel.from_hf(model)
+        model.generation_config = generation_config
     if device is not None:
         model = model.to(device)
+    if dtype is not None and model.dtype != dtype:  # new tensors: the caller's stay
+        model = model.to(dtype)
     return model, tokenizer
 
 
-def _eos_ids(config, tokenizer) -> list[int]:
-    """Every end-of-sequence id: the tokenizer's, then the config's (one id or a list)."""
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}
+
+
+def _model_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` as a ``torch.dtype``; ``None`` for ``"auto"`` (the model's own)."""
+    if dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype) and dtype in MODEL_DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in MODEL_DTYPES:
+        return MODEL_DTYPES[dtype]
+    raise ValueError(f"dtype must be 'auto', one of {sorted(MODEL_DTYPES)} or the torch "
+                     + f"dtype of one, got {dtype!r}")
+
+
+def _eos_ids(config, tokenizer, generation_config=None) -> list[int]:
+    """Every end-of-sequence id: the tokenizer's, the config's, then the generation
+    config's (each one id or a list)."""
     ids = []
-    for source in (tokenizer, config):
+    for source in (tokenizer, config, generation_config):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         for token in eos if isinstance(eos, (list, tuple)) else [eos]:
             if token is not None and token not in ids:
@@ -279,12 +318,15 @@ class LLMEngine:
     (``EngineParts()``: this chapter's); ``kv_cache_dtype`` names one of its cache
     formats. ``num_blocks=None`` sizes the cache from free GPU memory
     (``gpu_memory_utilization`` of the card, minus what is already used), or to a small
-    default on CPU. ``attention_backend``: see ``resolve_attention_backend``.
+    default on CPU. ``attention_backend``: see ``resolve_attention_backend``. ``dtype``:
+    ``"auto"`` (the model's), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a
+    ``torch.dtype``; another converts the engine's copy of the weights.
     """
 
     CPU_DEFAULT_BLOCKS = 1024
 
     def __init__(self, model, *, parts: EngineParts | None = None, tokenizer=None,
+                 dtype: str | torch.dtype = "auto",
                  device: torch.device | str | None = None, block_size: int = 16,
                  num_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
@@ -299,7 +341,8 @@ class LLMEngine:
                              + f"got {kv_cache_dtype!r}")
         _check_engine_args(device, gpu_memory_utilization)
         cache_format = parts.cache_formats[kv_cache_dtype]
-        model, self.tokenizer = _load_model(model, tokenizer, device)
+        generation_config = getattr(model, "generation_config", None)
+        model, self.tokenizer = _load_model(model, tokenizer, device, _model_dtype(dtype))
         self.attention_backend = resolve_attention_backend(attention_backend, model.device,
                                                            cache_format.backends)
         self.model = parts.prepare_model(model)
@@ -331,10 +374,12 @@ class LLMEngine:
             single_forward=parts.single_forward)
         self.loop = parts.step_loop(self)
         self.check_invariants = check_invariants
-        eos = _eos_ids(config, self.tokenizer)
+        eos = _eos_ids(config, self.tokenizer,
+                       getattr(model, "generation_config", generation_config))
         self.eos_token_id = eos[0] if eos else None
         self.extra_eos_token_ids = tuple(eos[1:])  # stop tokens of every request
-        self.requests: dict[int, _Request] = {}
+        self.requests: dict[str, _Request] = {}
+        self.output_processor = OutputProcessor(self.tokenizer, tuple(eos), self.requests)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self._entry = threading.Lock()  # guards the three fields below (``exclusive``)
@@ -356,34 +401,34 @@ class LLMEngine:
                               + "gpu_memory_utilization, or set num_blocks")
         return blocks_in_budget(budget, per_block)
 
-
     def model_parameters(self):
         """The paged model's parameters (shared with the transformers model)."""
         return self.model.parameters()
 
-
     @exclusive
-    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
-        """Queue one prompt (token ids, or text with a tokenizer); returns its request id.
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one prompt (token ids, or text with a tokenizer); returns its request id,
+        ``request_id`` if given (a string no unfinished request has), else a fresh one.
 
         Raises ``InvalidRequestError`` for a malformed request and ``PromptTooLongError``
         for one that can never be served; either way nothing is queued.
         """
         params = params or SamplingParams()
+        request_id = _request_id(request_id, self)
         text, ids = self._tokenize(prompt)
-        _check_request(ids, params, self.model.config.vocab_size, self.scheduler)
+        _check_request(ids, params, self.model.config.vocab_size, self.scheduler,
+                       self.tokenizer is not None)
         self.scheduler.check_prompt(len(ids))
         _check_fits_cache(len(ids), params, self.scheduler)
         if self.extra_eos_token_ids and not params.ignore_eos:  # a copy: the caller's stays
             params = replace(params, stop_token_ids=(*params.stop_token_ids,
                                                      *self.extra_eos_token_ids))
-        request_id = next(self._request_ids)
         seq = self._new_sequence(request_id, ids, params, 0)
         self.requests[request_id] = _Request(request_id, text, ids, params, [seq])
         self.scheduler.add(seq)
         self.stats.prompt_tokens += len(ids)
         return request_id
-
 
     def has_unfinished_requests(self) -> bool:
         """Whether any added request is still waiting, running, swapped out or in flight."""
@@ -404,8 +449,7 @@ class LLMEngine:
             shown = list(prompt)[:8] if hasattr(prompt, "__iter__") else prompt
             raise InvalidRequestError(f"token ids must be integers, got {shown}") from None
 
-
-    def _new_sequence(self, request_id: int, ids: list[int], params: SamplingParams,
+    def _new_sequence(self, request_id: str, ids: list[int], params: SamplingParams,
                       index: int) -> Sequence:
         seq = Sequence(next(self._seq_ids), request_id, ids, params, sample_index=index)
         self.runner.sampler.add(seq)
@@ -424,7 +468,6 @@ class LLMEngine:
         if self.check_invariants:
             self.scheduler.check_invariants()
         return finished
-
 
     def run(self, out: SchedulerOutput, read):
         """Run a scheduled step on the model runner; return ``read(logits, rows)``.
@@ -452,7 +495,6 @@ class LLMEngine:
         stats.cached_prompt_tokens += sum(s.num_cached_prompt_tokens for s in out.admitted
                                           if s.num_preemptions == 0)
 
-
     def finish(self, done: list[Sequence], complete=None) -> list[RequestOutput]:
         """Account the finished sequences ``done`` (TTFT, TPOT; their random streams go)
         and return the outputs of the requests now finished, forgetting them.
@@ -469,7 +511,7 @@ class LLMEngine:
             request = self.requests.get(request_id)
             if request is not None and request.finished and (complete is None
                                                               or complete(request)):
-                outputs.append(self._output(self.requests.pop(request_id)))
+                outputs.append(self.output_processor.output(self.requests.pop(request_id)))
         return outputs
 
     # %% chapters/11_engine.md § generate
@@ -519,22 +561,17 @@ class LLMEngine:
                 bar.close()
         return [results[i] for i in ids]
 
-
-    def _output(self, request: _Request) -> RequestOutput:
-        outputs = []
-        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
-            text = (self.tokenizer.decode(seq.output_token_ids)
-                    if self.tokenizer is not None else None)
-            outputs.append(CompletionOutput(seq.sample_index, list(seq.output_token_ids),
-                                            text, seq.finish_reason))
-        first = request.seqs[0] if request.seqs else None
-        metrics = {} if first is None else {
-            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
-            "finish_time": max(s.finish_time or 0 for s in request.seqs),
-            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
-            "num_cached_tokens": first.num_cached_prompt_tokens}
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                             outputs, request.finished, request.error, metrics)
+    # %% chapters/11_engine.md § Text out
+    @exclusive
+    def request_output(self, request_id: str) -> RequestOutput:
+        """The output so far of a request ``step`` has not returned (what a server streams):
+        its text only grows, and ``finished`` stays False until ``step`` returns it."""
+        for output in self.loop.ready:
+            if output.request_id == request_id:
+                return output
+        if request_id not in self.requests:
+            raise KeyError(f"unknown or already finished request {request_id!r}")
+        return replace(self.output_processor.output(self.requests[request_id]), finished=False)
 
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
@@ -552,7 +589,7 @@ class LLMEngine:
 
     # %% chapters/11_engine.md § Cancellation and errors
     @exclusive
-    def abort_request(self, request_id: int) -> RequestOutput:
+    def abort_request(self, request_id: str) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
         self.loop.settle()  # its tokens in flight first: its output holds no placeholder
         for i, output in enumerate(self.loop.ready):
@@ -566,22 +603,20 @@ class LLMEngine:
             self.runner.sampler.drop(seq.seq_id)
             if not seq.status.finished:
                 self.scheduler.abort(seq.seq_id)
-        return self._output(request)
+        return self.output_processor.output(request)
 
-
-    def _abort_all(self, request_ids: list[int]) -> None:
+    def _abort_all(self, request_ids: list[str]) -> None:
         """Abort those of ``request_ids`` still in flight (after a failed ``generate``)."""
         for request_id in request_ids:
             if request_id in self.requests:
                 self.abort_request(request_id)
 
-
     def _refuse(self, prompt, params: SamplingParams, error: Exception,
-                results: dict) -> int:
+                results: dict) -> str:
         """Record a prompt that can never be served as an output with ``error`` set."""
-        request_id = next(self._request_ids)
+        request_id = _request_id(None, self)
         text, tokens = self._tokenize(prompt)
-        results[request_id] = self._output(_Request(request_id, text, tokens, params, [],
+        results[request_id] = self.output_processor.output(_Request(request_id, text, tokens, params, [],
                                                     str(error)))
         return request_id
 
@@ -610,7 +645,6 @@ class LLMEngine:
                     for p in prompts]
         finally:
             self._stepping = False
-
 
     def _beam_search_one(self, prompt: list[int], width: int,
                          max_tokens: int) -> BeamSearchOutput:
@@ -649,7 +683,6 @@ class LLMEngine:
         reservation = self.manager.reserve_step({seq.seq_id: n for seq, _ in beams})
         return SchedulerOutput(chunks=chunks, reservation=reservation)
 
-
     def _next_beams(self, beams, chosen):
         """Fork beams chosen more than once, release the unchosen, record the tokens."""
         manager, taken, result = self.manager, set(), []
@@ -672,11 +705,14 @@ class LLMEngine:
 
 # %% chapters/11_engine.md § The LLMEngine class
 def _check_request(ids: list[int], params: SamplingParams, vocab: int,
-                   scheduler: Scheduler) -> None:
+                   scheduler: Scheduler, has_tokenizer: bool = True) -> None:
     """Raise ``InvalidRequestError`` if the request can never be valid."""
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("expected SamplingParams, got "
                                   + type(params).__name__)
+    if params.stop and not has_tokenizer:
+        raise InvalidRequestError("stop strings need a tokenizer: give the engine one, "
+                                  + "or stop on token ids (stop_token_ids)")
     tokens = (*ids, *params.stop_token_ids)
     if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
         bad = [t for t in tokens if not 0 <= t < vocab]
@@ -721,6 +757,10 @@ class StepLoop:
         """Whether work is under way that the scheduler's queues do not show."""
         return bool(self.ready)
 
+    def ready_ids(self) -> set[str]:
+        """The ids of the finished requests that ``step`` has not returned yet."""
+        return {output.request_id for output in self.ready}
+
     def settle(self) -> None:
         """Complete the work in flight, so that the engine is synchronous (no-op here)."""
 
@@ -739,7 +779,7 @@ class StepLoop:
         picks = engine.run(out, engine.runner.sample)
         t2 = time.perf_counter()
         sampled, forks = {}, []
-        for (seq, child), token in picks:
+        for (seq, child), token, _ in picks:
             if child is None:
                 sampled[seq.seq_id] = token
             else:
@@ -747,8 +787,22 @@ class StepLoop:
         for parent, child, _ in forks:
             engine.requests[parent.request_id].seqs.append(child)
         done = engine.scheduler.commit(out, sampled, engine.eos_token_id, forks)
+        engine.output_processor.record_logprobs(picks)
+        done += self.stop_on_text([child or seq for (seq, child), _, _ in picks])
         engine.account(out, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
         return engine.finish(done)
+
+    # %% chapters/11_engine.md § Text out
+    def stop_on_text(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Finish the sequences whose text holds a stop string; returns those that were still
+        running (one already finished, at its length limit, is relabelled)."""
+        done = []
+        for seq in self.engine.output_processor.text_stops(seqs):
+            if not seq.status.finished:
+                self.engine.scheduler.abort(seq.seq_id)  # frees its blocks now
+                done.append(seq)
+            seq.status = SequenceStatus.FINISHED_STOPPED
+        return done
 
 
 # %% chapters/11_engine.md § Two batches per step
@@ -779,6 +833,112 @@ class EngineParts:
     def with_cache_format(self, name: str, cache_format: CacheFormat) -> EngineParts:
         """These parts with one more ``kv_cache_dtype``."""
         return replace(self, cache_formats={**self.cache_formats, name: cache_format})
+
+
+# %% chapters/11_engine.md § Text out
+class OutputProcessor:
+    """What a user reads of the engine's requests: each sequence's text (an incremental
+    detokenizer, made on first use), the stop strings found in it, its stop reason and
+    its log-probabilities. ``requests`` is the engine's table of unfinished requests."""
+
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...],
+                 requests: dict[str, _Request]) -> None:
+        self.tokenizer, self.eos_token_ids, self.requests = tokenizer, eos_token_ids, requests
+
+    def text(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer | None:
+        """The detokenizer of ``seq``, fed every token known so far (None: no tokenizer).
+        A negative id is a token still on the GPU (chapter 13): it and what follows wait."""
+        if self.tokenizer is None:
+            return None
+        text = request.texts.get(seq.sample_index)
+        if text is None:
+            params = request.params
+            text = request.texts[seq.sample_index] = IncrementalDetokenizer(
+                self.tokenizer, params.stop, params.include_stop_str_in_output)
+        tokens, end = seq.output_token_ids, len(seq.output_token_ids)
+        while end > text.num_tokens and tokens[end - 1] < 0:
+            end -= 1
+        if end > text.num_tokens:
+            text.push(tokens[text.num_tokens:end])
+        if seq.status.finished and end == len(tokens):
+            text.finish()
+        return text
+
+    def text_stops(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Those of ``seqs`` with stop strings whose text now holds one (and that no stop
+        string finished yet): the step loop finishes them."""
+        hits = []
+        for seq in seqs:
+            request = self.requests.get(seq.request_id) if seq.params.stop else None
+            if request is None or seq.status is SequenceStatus.FINISHED_STOPPED:
+                continue
+            if self.text(request, seq).stop_reason is not None:
+                hits.append(seq)
+        return hits
+
+    def record_logprobs(self, picks: list) -> None:
+        """Append the log-probabilities of a committed step's samples to their requests."""
+        for (seq, child), _, entry in picks:
+            if entry is not None:
+                seq = child or seq
+                request, index = self.requests[seq.request_id], seq.sample_index
+                request.logprobs.setdefault(index, []).append(entry[1])
+                total = request.cumulative_logprob.get(index, 0.0)
+                request.cumulative_logprob[index] = total + entry[0]
+
+    def output(self, request: _Request) -> RequestOutput:
+        """The request's ``RequestOutput``: its completions, in sample order, and metrics."""
+        outputs = [self.completion(request, seq)
+                   for seq in sorted(request.seqs, key=lambda s: s.sample_index)]
+        first = request.seqs[0] if request.seqs else None
+        metrics = {} if first is None else {
+            "arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+            "finish_time": max(s.finish_time or 0 for s in request.seqs),
+            "num_preemptions": sum(s.num_preemptions for s in request.seqs),
+            "num_cached_tokens": first.num_cached_prompt_tokens}
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             outputs, request.finished, request.error, metrics)
+
+    def completion(self, request: _Request, seq: Sequence) -> CompletionOutput:
+        """``seq``'s output: its known tokens, text, finish and stop reasons, logprobs."""
+        text = self.text(request, seq)
+        tokens = [t for t in seq.output_token_ids if t >= 0]  # none still on the GPU
+        index = seq.sample_index
+        logprobs = request.logprobs.get(index, []) if request.params.logprobs is not None else None
+        return CompletionOutput(
+            index, tokens, None if text is None else text.text, seq.finish_reason,
+            self.stop_reason(seq, tokens, text), request.cumulative_logprob.get(index),
+            None if logprobs is None else logprobs[:len(tokens)])
+
+    def stop_reason(self, seq: Sequence, tokens: list[int],
+                    text: IncrementalDetokenizer | None) -> str | int | None:
+        """The stop string or stop token id that finished ``seq`` (None: EOS, or none)."""
+        if seq.finish_reason != "stop":
+            return None
+        if text is not None and text.stop_reason is not None:
+            return text.stop_reason
+        last = tokens[-1] if tokens else None
+        if last in self.eos_token_ids:
+            return None
+        return last if last in seq.params.stop_token_ids else None
+
+
+def _request_id(request_id: str | None, engine: LLMEngine) -> str:
+    """``request_id`` checked (a string that no request of ``engine`` not yet returned
+    holds), or the next free id of its counter."""
+    taken, counter = engine.requests.keys() | engine.loop.ready_ids(), engine._request_ids
+    if request_id is None:
+        request_id = str(next(counter))
+        while request_id in taken:  # a caller chose this one
+            request_id = str(next(counter))
+        return request_id
+    if not isinstance(request_id, str):
+        raise InvalidRequestError("request_id must be a string, got "
+                                  + f"{type(request_id).__name__} {request_id!r}")
+    if request_id in taken:
+        raise InvalidRequestError(f"request_id {request_id!r} belongs to an unfinished "
+                                  + "request: choose another, or abort that one first")
+    return request_id
 
 
 # %% chapters/11_engine.md § Beam search on fork and copy-on-write

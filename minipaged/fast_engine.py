@@ -749,7 +749,8 @@ class OverlapStepLoop(StepLoop):
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
         engine = self.engine
-        if not engine.scheduler.next_is_decode():
+        if not engine.scheduler.next_is_decode() or any(  # log-probabilities: synchronous
+                s.params.logprobs is not None for s in engine.scheduler.running):
             self.settle()
             finished, self.ready = self.ready + super().step(), []
             return finished
@@ -769,7 +770,6 @@ class OverlapStepLoop(StepLoop):
                        t2 - t1)
         finished, self.ready = self.ready, []
         return finished
-
 
     def _launch(self, out: SchedulerOutput) -> InFlightStep:
         """Queue a decode step's forward and sampling; its tokens start for the host."""
@@ -805,13 +805,19 @@ class OverlapStepLoop(StepLoop):
         if step.ready is not None:
             step.ready.synchronize()
         tokens = step.host.tolist()
+        seqs = [seq for seq, _ in step.placeholders]
         stopped, done = self.engine.scheduler.resolve(
-            [seq for seq, _ in step.placeholders],
-            [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
+            seqs, [tokens[row] for _, row in step.placeholders], self.engine.eos_token_id,
             keep_running)
+        if not keep_running:
+            done += self.stop_on_text(seqs)
+        for seq in self.engine.output_processor.text_stops(seqs):  # in a launched step
+            if seq.status.finished:
+                seq.status = SequenceStatus.FINISHED_STOPPED
+            else:
+                stopped[seq.seq_id] = SequenceStatus.FINISHED_STOPPED
         self._finished(done)
         return stopped
-
 
     def _finished(self, done: list[Sequence]) -> None:
         """Account finished sequences that hold their true tokens; queue the output of each

@@ -197,7 +197,6 @@ class Fp8PagedKVCache(PagedKVCache):
                                    + "(and -1 for 'skip')")
         return key, value
 
-
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
               slot_mapping: torch.Tensor, check_slots: bool | None = None) -> None:
         """Quantize ``key[i]``, ``value[i]`` (``[N, H_kv, D]``) into ``slot_mapping[i]``:
@@ -238,7 +237,6 @@ class Fp8PagedKVCache(PagedKVCache):
         return (dequantize_reference(key, scales[:, 0]),
                 dequantize_reference(value, scales[:, 1]))
 
-
     def copy_blocks(self, pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy-on-write of blocks and their scales (``PagedKVCache.copy_blocks``)."""
         pairs = block_pairs(self, pairs)
@@ -251,18 +249,15 @@ class Fp8PagedKVCache(PagedKVCache):
             self.scales, table, self.num_blocks * block_numel, block_numel,
             CHUNK=triton.next_power_of_2(block_numel))
 
-
     def cpu_pool(self, num_blocks: int) -> "Fp8PagedKVCache":
         """A host-memory pool of ``num_blocks`` blocks and their scales (pinned)."""
         return Fp8PagedKVCache(self.num_layers, num_blocks, self.block_size,
                                self.num_kv_heads, self.head_dim, "cpu",
                                pin_memory=self.storage.device.type == "cuda")
 
-
     def swap_out(self, cpu_cache: "Fp8PagedKVCache", pairs) -> None:
         """Blocks ``(gpu_block, cpu_block)`` and their scales into ``cpu_cache``."""
         _swap(self, cpu_cache, pairs)
-
 
     def swap_in(self, cpu_cache: "Fp8PagedKVCache", pairs) -> None:
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""

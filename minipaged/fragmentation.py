@@ -433,7 +433,6 @@ class _Simulation:
             if rid in self.running:
                 self.owned[rid] += self.memory.block_size
 
-
     def _preempt(self, victim: int) -> None:
         """Free ``victim``'s memory and put it back at the head of the queue."""
         self.memory.release(victim, int(self.owned[victim]))
@@ -477,7 +476,6 @@ class _Simulation:
                "running": len(self.running), "waiting": len(self.waiting)}
         for name, value in row.items():
             self.records[name].append(value)
-
 
     def _finish(self) -> None:
         """Release the requests that stored their final token."""

@@ -104,32 +104,26 @@ class PagedKVCache:
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
 
-
     @property
     def nbytes(self) -> int:
         return self.storage.numel() * self.storage.element_size()
-
 
     def key_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s K in the cache's own layout (a view)."""
         return self.storage[self._layer(layer), 0]
 
-
     def value_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s V in the cache's own layout (a view)."""
         return self.storage[self._layer(layer), 1]
-
 
     def token_view(self, tensor: torch.Tensor) -> torch.Tensor:
         """A layer's K or V seen as ``[blocks, block_size, heads, head_dim]``."""
         return tensor if self.layout == "NHD" else tensor.transpose(1, 2)
 
-
     def strides(self) -> tuple[int, int, int]:
         """Element strides (block, token-in-block, head) of one layer's K (and V)."""
         view = self.token_view(self.key_cache(0))
         return view.stride(0), view.stride(1), view.stride(2)
-
 
     def _layer(self, layer: int) -> int:
         if not 0 <= layer < self.num_layers:
@@ -150,7 +144,6 @@ class PagedKVCache:
             raise KVCacheError(f"{name} must be a floating-point tensor, "
                                + f"got {tensor.dtype}")
         return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
-
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
               slot_mapping: torch.Tensor, check_slots: bool | None = None) -> None:
@@ -239,12 +232,10 @@ class PagedKVCache:
                             self.head_dim, self.dtype, "cpu", self.layout,
                             pin_memory=self.storage.device.type == "cuda")
 
-
     def swap_out(self, cpu_cache: "PagedKVCache",
                  pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:
         """Copy blocks ``(gpu_block, cpu_block)`` of this cache into ``cpu_cache``."""
         copy_blocks_between(self, cpu_cache, pairs)
-
 
     def swap_in(self, cpu_cache: "PagedKVCache",
                 pairs: Iterable[tuple[int, int]] | torch.Tensor) -> None:

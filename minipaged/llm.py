@@ -62,10 +62,14 @@ class LLM:
     11). The other options are vLLM's, with
     its meaning; ``check_invariants`` checks the block manager after every step.
     ``llm_engine`` is the ``LLMEngine`` underneath, for a loop of ``add_request`` and
-    ``step``.
+    ``step``. ``dtype``: the weights' dtype, ``"auto"`` (the model's own),
+    ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``; another than the
+    model's converts the engine's copy of the weights (``ValueError`` for anything else).
     """
 
-    def __init__(self, model, *, tokenizer=None, device: torch.device | str | None = None,
+    def __init__(self, model, *, tokenizer=None,
+                 dtype: str | torch.dtype = "auto",
+                 device: torch.device | str | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  max_model_len: int | None = None, enable_prefix_caching: bool = True,
@@ -81,7 +85,8 @@ class LLM:
         parts = FAST_PARTS if backend == "triton" else TORCH_PARTS
         parts = parts if overlap_scheduling else replace(parts, step_loop=StepLoop)
         self.llm_engine = LLMEngine(
-            model, parts=parts, tokenizer=tokenizer, device=device, block_size=block_size,
+            model, parts=parts, tokenizer=tokenizer, dtype=dtype, device=device,
+            block_size=block_size,
             num_blocks=num_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
@@ -103,15 +108,49 @@ class LLM:
         """The ``beam_width`` best continuations of each prompt (an idle engine only)."""
         return self.llm_engine.beam_search(prompts, beam_width, max_tokens)
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
-        """Queue one prompt; returns its request id (nothing is queued on an error)."""
-        return self.llm_engine.add_request(prompt, params)
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None
+             = None, use_tqdm: bool = True, *,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Answer one conversation (a list of ``{"role", "content"}`` dicts) or a list of
+        them: each is rendered by the tokenizer's chat template with the assistant's turn
+        opened (``add_generation_prompt=True``), then generated for; ``prompt`` of each
+        output is the rendered text. ``chat_template_kwargs`` go to the template."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            raise ValueError("chat() needs a tokenizer: pass tokenizer= to LLM, or use "
+                             "generate() with token ids")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template: set "
+                             "tokenizer.chat_template, or use generate() with a prompt")
+        one = isinstance(messages, (list, tuple)) and messages and isinstance(messages[0],
+                                                                              dict)
+        conversations = [messages] if one else list(messages)
+        texts = [tokenizer.apply_chat_template(list(c), tokenize=False,
+                                               add_generation_prompt=True,
+                                               **(chat_template_kwargs or {}))
+                 for c in conversations]
+        # the template writes its special tokens itself: none added when tokenizing
+        ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        outputs = self.llm_engine.generate(ids, sampling_params, use_tqdm)
+        for output, text in zip(outputs, texts):
+            output.prompt = text
+        return outputs
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one prompt; returns its request id, ``request_id`` if given (nothing is
+        queued on an error, a duplicate of an unfinished request's id included)."""
+        return self.llm_engine.add_request(prompt, params, request_id)
+
+    def request_output(self, request_id: str) -> RequestOutput:
+        """The output so far of a request ``step`` has not returned yet (to stream)."""
+        return self.llm_engine.request_output(request_id)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; the requests that finished in it."""
         return self.llm_engine.step()
 
-    def abort_request(self, request_id: int) -> RequestOutput:
+    def abort_request(self, request_id: str) -> RequestOutput:
         """Cancel a request now (its blocks are freed); its output so far."""
         return self.llm_engine.abort_request(request_id)
 

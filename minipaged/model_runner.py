@@ -12,6 +12,7 @@ import torch
 
 from minipaged.block_table import blocks_needed
 from minipaged.qwen3 import ForwardBatch
+from minipaged.sampler import top_logprobs
 from minipaged.scheduler import SchedulerOutput
 
 __all__ = ["ModelRunner", "DecodeGraphs"]
@@ -101,7 +102,6 @@ class ModelRunner:
                                       dtype=torch.long)
         return self.run_batch(ForwardBatch.from_reservation(res, ids, rows, logits_indices))
 
-
     def decode(self, out: SchedulerOutput, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of a decode step whose input tokens are already on the device (chapter
         13 feeds a step the tokens the previous one sampled, before the host reads them)."""
@@ -111,7 +111,6 @@ class ModelRunner:
             for name in ("positions", "slot_mapping", "block_tables", "seq_lens"):
                 setattr(batch, name, getattr(batch, name).pin_memory())
         return self.run_batch(batch)
-
 
     def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits of one batch: a decode batch replayed as a CUDA graph when one fits."""
@@ -125,11 +124,17 @@ class ModelRunner:
 
     # %% chapters/11_engine.md § Two batches per step
     def sample(self, logits: torch.Tensor, rows) -> list:
-        """One token per row: ``[((sequence, fork_child), token), ...]``."""
+        """One token per row: ``[((sequence, fork_child), token, logprobs), ...]``, where
+        ``logprobs`` is ``top_logprobs``'s entry for a request that asks for them
+        (``SamplingParams.logprobs``), else None."""
         if not rows:
             return []
         seqs = [child or seq for seq, child in rows]
-        return list(zip(rows, self.sampler(logits, seqs).tolist()))
+        tokens = self.sampler(logits, seqs)
+        ks = [s.params.logprobs for s in seqs]
+        logprobs = (top_logprobs(logits, tokens, ks) if any(k is not None for k in ks)
+                    else ks)
+        return list(zip(rows, tokens.tolist(), logprobs))
 
     # %% chapters/11_engine.md § CUDA graphs for decode
     def decode_graphs(self) -> DecodeGraphs | None:
@@ -188,12 +193,10 @@ class DecodeGraphs:
             block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b],
             logits_indices=self.rows[:b])
 
-
     def fits(self, batch: ForwardBatch) -> bool:
         """Whether a decode ``batch`` has a graph: few enough rows, tables narrow enough."""
         return (len(batch.query_lens) <= self.buckets[-1]
                 and batch.block_tables.shape[1] <= self.max_blocks)
-
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits of one decode ``batch`` (host tensors, copied into the buffers), one row

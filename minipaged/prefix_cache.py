@@ -121,7 +121,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
         super().create_sequence(seq_id)
         self._tokens[seq_id], self._chain[seq_id] = [], []
 
-
     def append_token_ids(self, seq_id: Hashable, token_ids: Iterable[int]) -> None:
         """Record token ids (Python ints) of a live or swapped sequence, in order."""
         try:
@@ -130,13 +129,11 @@ class PrefixCachingBlockManager(SharingBlockManager):
             self._state(seq_id)  # raises the precise error
             raise
 
-
     def token_ids(self, seq_id: Hashable) -> list[int]:
         """The token ids the manager knows for a live or swapped sequence."""
         if seq_id not in self._tokens:
             self._state(seq_id)  # raises the precise error
         return list(self._tokens[seq_id])
-
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         super().fork(parent_id, child_id)
@@ -145,18 +142,15 @@ class PrefixCachingBlockManager(SharingBlockManager):
         if parent_id in self._lagging:
             self._lagging.add(child_id)
 
-
     def release_sequence(self, seq_id: Hashable) -> None:
         super().release_sequence(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
         self._lagging.discard(seq_id)
 
-
     def release_swapped(self, seq_id: Hashable) -> None:
         super().release_swapped(seq_id)
         del self._tokens[seq_id], self._chain[seq_id]
         self._lagging.discard(seq_id)
-
 
     def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
         pairs = super().swap_in(seq_id)
@@ -168,14 +162,12 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def _identity(self, block: int) -> tuple[int, int]:
         return block, self._generation[block]
 
-
     def _register(self, block: int, block_hash: int, tokens: tuple[int, ...],
                   parent: tuple[int, int] | None, seq_id: Hashable) -> None:
         self._block_hash[block], self._block_tokens[block] = block_hash, tokens
         self._block_parent[block] = parent
         self._cache.setdefault(block_hash, []).append(block)
         self._log("cache", seq_id, block, f"hash {block_hash & 0xFFFF:04x}")
-
 
     def commit_step(self, reservation: StepReservation) -> None:
         super().commit_step(reservation)
@@ -191,7 +183,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
             for state in states:
                 if state.seq_id in self._lagging:
                     self._register_full_blocks(state)
-
 
     def _register_full_blocks(self, state: SequenceState) -> None:
         bs, seq_id = self.block_size, state.seq_id
@@ -217,7 +208,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
     def is_cached(self, block: int) -> bool:
         """Whether ``block`` holds a registered full block (in use or free, not evicted)."""
         return self._block_hash[block] is not None
-
 
     @property
     def num_cached_blocks(self) -> int:
@@ -249,17 +239,14 @@ class PrefixCachingBlockManager(SharingBlockManager):
             chain.append(block)
         return chain[::-1]
 
-
     def _max_cached_blocks(self, num_prompt_tokens: int) -> int:
         if not self.enable_prefix_caching or num_prompt_tokens == 0:
             return 0
         return (num_prompt_tokens - 1) // self.block_size  # the last token is computed
 
-
     def match_prefix(self, prompt_token_ids: Sequence[int]) -> list[int]:
         """The cached blocks a call to ``allocate_prompt`` now would attach, in order."""
         return self._match(prompt_token_ids, self._max_cached_blocks(len(prompt_token_ids)))
-
 
     def cached_prefix_length(self, prompt_token_ids: Sequence[int]) -> int:
         """Tokens of the prompt that a call to ``allocate_prompt`` now would find cached."""
@@ -274,7 +261,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
         hits = self.match_prefix(prompt_token_ids) if hits is None else hits
         revived = sum(1 for block in hits if self._refcount[block] == 0)
         return revived + (ceil_div(len(prompt_token_ids), self.block_size) - len(hits))
-
 
     def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int],
                         hits: list[int] | None = None) -> int:
@@ -315,7 +301,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.stats.evictions += 1
         self._log("evict", seq_id, block)
 
-
     def _take_blocks(self, n: int, seq_id: Hashable) -> list[int]:
         blocks = super()._take_blocks(n, seq_id)
         for block in blocks:
@@ -323,7 +308,6 @@ class PrefixCachingBlockManager(SharingBlockManager):
                 self._evict(block, seq_id)
             self._generation[block] += 1
         return blocks
-
 
     def _drop_block(self, block: int, seq_id: Hashable) -> None:
         super()._drop_block(block, seq_id)

@@ -267,7 +267,6 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
-
     @classmethod
     def from_sequences(cls, new_tokens: list[list[int]], context_lens: list[int],
                        block_tables: list[list[int]], block_size: int,
@@ -315,7 +314,6 @@ class ForwardBatch:
         return ForwardBatch(**{
             name: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
             for name, v in values.items()})
-
 
     @classmethod
     def from_reservation(cls, reservation: StepReservation, input_ids: torch.Tensor,
@@ -545,7 +543,6 @@ class Qwen3PagedModel(nn.Module):
             model.embed_tokens.weight.device)
         return model.eval().requires_grad_(False)
 
-
     @classmethod
     def from_hf(cls, hf_model) -> Qwen3PagedModel:
         """Wrap the weights of a transformers ``Qwen3ForCausalLM`` or ``LlamaForCausalLM``
@@ -562,7 +559,6 @@ class Qwen3PagedModel(nn.Module):
         c = self.config
         return PagedKVCache(c.num_hidden_layers, num_blocks, block_size,
                             c.num_key_value_heads, c.head_dim, self.dtype, self.device)
-
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 
 from minipaged.scheduler import SamplingParams, Sequence
 
-__all__ = ["make_generator", "sample", "Sampler"]
+__all__ = ["make_generator", "sample", "Sampler", "top_logprobs"]
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -87,3 +87,30 @@ class Sampler:
         device."""
         return sample(logits, [s.params for s in seqs],
                       [self.generators.get(s.seq_id) for s in seqs])
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                 ks: list[int | None]) -> list[tuple[float, dict[int, float]] | None]:
+    """Per row of ``logits [B, V]``: ``None`` where ``ks[row]`` is None, else the
+    log-probability of ``tokens[row]`` and a dict ``{token_id: log-probability}`` of
+    it and the ``ks[row]`` most likely tokens. Log-probabilities of the raw logits, in
+    fp32 (no temperature, no top-k or top-p), read back to the host in one copy."""
+    rows = [row for row, k in enumerate(ks) if k is not None]
+    result: list = [None] * len(ks)
+    if not rows:
+        return result
+    index = torch.tensor(rows, device=logits.device)
+    logprobs = logits[index].float().log_softmax(-1)
+    chosen = tokens.to(logits.device)[index].long()
+    sampled = logprobs.gather(1, chosen[:, None])[:, 0]
+    values, ids = logprobs.topk(max(ks[row] for row in rows), dim=-1)
+    host = torch.cat([chosen[:, None].float(), sampled[:, None], ids.float(), values],
+                     dim=1).tolist()  # token ids < 2**24 are exact in fp32
+    width = ids.shape[1]
+    for i, row in enumerate(rows):
+        token, value, top = int(host[i][0]), host[i][1], host[i][2:]
+        k = ks[row]
+        entry = {token: value}
+        entry.update((int(t), v) for t, v in zip(top[:k], top[width:width + k]))
+        result[row] = (value, entry)
+    return result

@@ -19,6 +19,7 @@ from minipaged.block_table import blocks_needed
 
 __all__ = [
     "SAMPLING_EPS",
+    "MAX_LOGPROBS",
     "SamplingParams",
     "SequenceStatus",
     "Sequence",
@@ -44,6 +45,8 @@ class PromptTooLongError(ValueError):
 SAMPLING_EPS = 1e-5
 """A temperature below this is greedy (vLLM's ``_SAMPLING_EPS``): dividing logits by
 a tinier one can overflow."""
+MAX_LOGPROBS = 20
+"""The most top log-probabilities a request may ask for per token (vLLM's default)."""
 
 
 def _is_int(value) -> bool:
@@ -58,7 +61,10 @@ class SamplingParams:
     ``temperature=0`` (or anything below ``SAMPLING_EPS``) is greedy. ``top_k <= 0`` and
     ``top_p == 1`` switch those filters off. ``n`` samples per prompt share the prompt's
     KV blocks (fork). ``seed`` makes one request's samples reproducible whatever else is
-    in the batch.
+    in the batch. ``stop`` strings end a request when its text holds one (chapter 11's
+    engine cuts the text there, keeping the stop string if
+    ``include_stop_str_in_output``). ``logprobs=k`` (0 to 20) reports, per generated
+    token, the log-probability of the sampled token and of the ``k`` most likely ones.
     """
 
     n: int = 1
@@ -69,6 +75,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n", "max_tokens"):
@@ -93,6 +102,16 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be a sequence of integers (token ids), "
                              f"got {stop!r}")
         object.__setattr__(self, "stop_token_ids", tuple(operator.index(t) for t in stop))
+        words = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if (not hasattr(words, "__iter__") or isinstance(words, bytes)
+                or not all(isinstance(w, str) and w for w in words)):
+            raise ValueError("stop must be a string or a list of non-empty strings, got "
+                             f"{self.stop!r}")
+        object.__setattr__(self, "stop", tuple(dict.fromkeys(words)))
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], "
+                             f"got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -122,7 +141,7 @@ class Sequence:
     """
 
     seq_id: int
-    request_id: int
+    request_id: str | int
     prompt_token_ids: list[int]
     params: SamplingParams
     sample_index: int = 0
@@ -454,7 +473,6 @@ class Scheduler:
         before its first token (its siblings fork then), else 1."""
         forks = seq.params.n > 1 and seq.sample_index == 0 and not seq.output_token_ids
         return seq.params.n if forks else 1
-
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self.swapped or not self.waiting:  # parked sequences come back first

@@ -146,7 +146,6 @@ class SharingBlockManager(KVBlockManager):
                 return f"block {block} is in the free list but held by {held_by[:4]}"
         return self._cpu_inconsistency() or self._seqs.mirror_inconsistency()
 
-
     def _cpu_inconsistency(self) -> str | None:
         places = Counter(self._cpu_free)
         for state in self._swapped.values():
@@ -169,7 +168,6 @@ class SharingBlockManager(KVBlockManager):
         index = position // self.block_size
         return index if self._refcount[state.block_table[index]] > 1 else None
 
-
     def _new_blocks_for(self, state: SequenceState, count: int) -> int:
         # Chapter 4's count, plus one if the first token lands in a shared, partly filled
         # block. (Written out rather than calling super(): it runs for every sequence of
@@ -180,7 +178,6 @@ class SharingBlockManager(KVBlockManager):
         if count and shared:
             return (needed if needed > 0 else 0) + 1
         return needed if needed > 0 else 0
-
 
     def _grow(self, state: SequenceState, k: int, undo: list[tuple],
               copies: list) -> list[int]:
@@ -202,7 +199,6 @@ class SharingBlockManager(KVBlockManager):
             taken += super()._grow(state, missing, undo, copies)
         return taken
 
-
     def _undo(self, entry: tuple) -> None:
         if entry[0] != "cow":
             super()._undo(entry)
@@ -222,7 +218,6 @@ class SharingBlockManager(KVBlockManager):
                 owners.setdefault(block, []).append(seq_id)
         return owners
 
-
     def internal_fragmentation_tokens(self) -> int:
         """Empty slots in allocated blocks; a shared block counts once, as full as its
         fullest sharer."""
@@ -241,23 +236,19 @@ class SharingBlockManager(KVBlockManager):
             raise UnknownSequenceError(seq_id, hint)
         return super()._state(seq_id)
 
-
     def create_sequence(self, seq_id: Hashable) -> None:
         if seq_id in self._swapped:
             raise SequenceExistsError(seq_id)
         super().create_sequence(seq_id)
-
 
     @property
     def num_free_cpu_blocks(self) -> int:
         """Blocks of the CPU pool not holding a swapped-out sequence."""
         return len(self._cpu_free)
 
-
     def swapped_ids(self) -> list[Hashable]:
         """The sequences now parked in the CPU pool, in the order they were swapped out."""
         return list(self._swapped)
-
 
     def is_swapped(self, seq_id: Hashable) -> bool:
         """Whether ``seq_id`` is parked in the CPU pool (not usable until ``swap_in``)."""
@@ -284,7 +275,6 @@ class SharingBlockManager(KVBlockManager):
         self._swapped[seq_id] = SequenceState(seq_id, state.length, cpu_blocks)
         return pairs
 
-
     def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
         """Bring a swapped-out sequence back into fresh GPU blocks. Returns (cpu_block,
         gpu_block) copies to run before the sequence's next step."""
@@ -303,7 +293,6 @@ class SharingBlockManager(KVBlockManager):
         self._seqs[seq_id] = SequenceState(seq_id, parked.length, gpu_blocks)
         return pairs
 
-
     def release_swapped(self, seq_id: Hashable) -> None:
         """Forget a swapped-out sequence (finished or cancelled while parked); frees its CPU
         blocks."""
@@ -318,7 +307,6 @@ class SharingBlockManager(KVBlockManager):
     def history(self, seq_id: Hashable) -> list[BlockEvent]:
         """The logged events of one sequence, oldest first."""
         return [e for e in self.events if e.seq_id == seq_id]
-
 
     @staticmethod
     def replay_events(events: Iterable[BlockEvent],
@@ -349,7 +337,6 @@ class SharingBlockManager(KVBlockManager):
                 raise ValueError(f"event {e.index} ({e.op} block {e.block}) records "
                                  + f"refcount {e.refcount}, replayed {counts[e.block]}")
         return counts, {s: t for s, t in tables.items() if t}
-
 
     def log_inconsistency(self) -> str | None:
         """Replay the event log from an empty pool; name the first count or table that

@@ -173,10 +173,13 @@ def _methods(source: str) -> list[tuple[str, list[str]]]:
 
 
 def _trimmed(lines: list[str]) -> list[str]:
-    """``lines`` without the blank lines that lead or trail them."""
+    """``lines`` without the blank lines that lead or trail them, and with one blank line
+    where a cell had two (methods in a class body are one blank line apart)."""
     first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
     last = next((i for i in range(len(lines), 0, -1) if lines[i - 1].strip()), first)
-    return lines[first:last]
+    kept = lines[first:last]
+    return [line for i, line in enumerate(kept)
+            if line.strip() or i == 0 or kept[i - 1].strip()]
 
 
 def _is_class_attribute(node: ast.stmt) -> bool:
