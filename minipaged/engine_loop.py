@@ -165,12 +165,16 @@ class EngineLoop:
     # %% chapters/14_serving.md § The engine loop
     def _run(self) -> None:
         while not self._closing.is_set():
-            idle = not self.bridge.has_unfinished()
-            for command in self._drain(block=idle):
-                self._apply(command)
-            self._publish()
-            if not self._closing.is_set() and self.bridge.has_unfinished():
-                self._step()
+            try:
+                idle = not self.bridge.has_unfinished()
+                for command in self._drain(block=idle):
+                    self._apply(command)
+                self._publish()
+                if not self._closing.is_set() and self.bridge.has_unfinished():
+                    self._step()
+            except Exception as error:  # a bug of ours, not the engine's: fail loudly, not silently
+                self.last_error = f"{type(error).__name__}: {error}"
+                self._closing.set()
         self._shut_down()
 
 
