@@ -123,14 +123,15 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
     completion = cached = 0
     try:
         if answer.kind == "chat":
-            yield answer.chunk([answer.choice(i, "", None, opening=True)
-                                for i in range(answer.n)], None, include_usage)
+            for i in range(answer.n):
+                yield answer.chunk([answer.choice(i, "", None, opening=True)], None,
+                                   include_usage)
         async for update in stream:
             completion, cached = update.num_output_tokens, update.num_cached_tokens
-            choices = [answer.choice(d.index, d.text, d.finish_reason) for d in update.deltas
-                       if d.text or d.finish_reason]
-            if choices:
-                yield answer.chunk(choices, None, include_usage)
+            for d in update.deltas:  # one choice per chunk, as OpenAI's server sends them
+                if d.text or d.finish_reason:
+                    yield answer.chunk([answer.choice(d.index, d.text, d.finish_reason)],
+                                       None, include_usage)
             if not update.finished and await request.is_disconnected():
                 return
         if include_usage:
