@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_uvicorn(sig, frame)
 
     server.handle_exit = handle_exit
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn raises the signal again on exit:
+        signal.signal(sig, lambda *_: None)      # once it has shut down, that is a clean exit
     print(f"minipaged: serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"(dashboard: http://{args.host}:{args.port}/dashboard)", flush=True)
     server.run()
