@@ -8,5 +8,5 @@ import sys
 
 from minipaged.cli import main
 
-if __name__ == "__main__":
+if __name__ == "__main__" and __package__:  # `python -m minipaged`, not a notebook's cell
     sys.exit(main())
