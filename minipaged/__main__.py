@@ -1,0 +1,12 @@
+# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/14_serving.md § minipaged serve
+"""``python -m minipaged serve MODEL``."""
+
+import sys
+
+from minipaged.cli import main
+
+if __name__ == "__main__" and __package__:  # `python -m minipaged`, not a notebook's cell
+    sys.exit(main())

@@ -1,0 +1,122 @@
+# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/14_serving.md § minipaged serve
+"""``minipaged serve MODEL``: the OpenAI-compatible server on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import sys
+from pathlib import Path
+
+__all__ = ["build_parser", "model_from_args", "load_tokenizer", "main"]
+
+SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minipaged")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over OpenAI's HTTP API")
+    serve.add_argument("model", help="hub id or folder of a Qwen3 model, or random:tiny / "
+                       "random:qwen3-0.6b")
+    add = serve.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None, help="require Authorization: Bearer KEY on /v1")
+    add("--served-model-name", default=None)
+    add("--tokenizer", default=None, help="tokenizer folder, hub id or .gguf file")
+    add("--block-size", type=int, default=16)
+    add("--max-num-seqs", type=int, default=256)
+    add("--max-num-batched-tokens", type=int, default=8192)
+    add("--max-model-len", type=int, default=None)
+    add("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    add("--gpu-memory-utilization", type=float, default=0.9)
+    add("--num-gpu-blocks-override", type=int, default=None, dest="num_blocks")
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    add("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    add("--max-waiting", type=int, default=256, help="waiting requests before 503")
+    add("--seed", type=int, default=0, help="weights of a random: model")
+    return parser
+
+
+def load_tokenizer(name: str | None):
+    if name is None:
+        return None
+    from transformers import AutoTokenizer
+    path = Path(name)
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(name)
+
+
+# %% chapters/14_serving.md § minipaged serve
+def _dtype(name: str, device):
+    import torch
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def model_from_args(args, tokenizer):
+    """``(model, tokenizer)`` for ``args.model``: a random model, or any name or path
+    chapter 9's ``load_model`` takes (the packaged SmolLM2 offline, a .gguf file, a
+    transformers folder, a hub id)."""
+    from minipaged.runtime import default_device
+    device = default_device()
+    dtype = _dtype(args.dtype, device)
+    if args.model.startswith("random:"):
+        from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, tiny_qwen3_config
+        shapes = {"tiny": tiny_qwen3_config, "qwen3-0.6b": qwen3_0_6b_config}
+        shape = args.model.split(":", 1)[1]
+        if shape not in shapes:
+            raise SystemExit(f"unknown random model {shape!r}: one of {sorted(shapes)}")
+        extra = {"vocab_size": len(tokenizer)} if tokenizer is not None else {}
+        if shape == "qwen3-0.6b":
+            extra.update(tie_word_embeddings=False, initializer_range=0.2)
+        return random_qwen3(shapes[shape](**extra), seed=args.seed, dtype=dtype,
+                            device=device), tokenizer
+    from minipaged.qwen3 import load_model
+    model, own = load_model(args.model, dtype=dtype, device=device)
+    return model, tokenizer or own
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        print(f"minipaged serve needs {', '.join(missing)}: pip install "
+              + " ".join(p.replace("_", "-") for p in missing), file=sys.stderr)
+        return 1
+    import uvicorn
+    from minipaged.llm import LLM
+    from minipaged.openai_server import create_app
+    model, tokenizer = model_from_args(args, load_tokenizer(args.tokenizer))
+    llm = LLM(model, tokenizer=tokenizer, block_size=args.block_size,
+              num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype,
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              enable_prefix_caching=args.enable_prefix_caching)
+    name = args.served_model_name or args.model
+    app = create_app(llm, model_name=name, api_key=args.api_key, max_waiting=args.max_waiting)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning"))
+    exit_uvicorn = server.handle_exit
+
+    def handle_exit(sig, frame):  # end the open streams first, then stop uvicorn
+        app.state.engine_loop.stop(timeout=0)
+        exit_uvicorn(sig, frame)
+
+    server.handle_exit = handle_exit
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn raises the signal again on exit:
+        signal.signal(sig, lambda *_: None)      # once it has shut down, that is a clean exit
+    print(f"minipaged: serving {name!r} on http://{args.host}:{args.port}/v1 "
+          f"(dashboard: http://{args.host}:{args.port}/dashboard)", flush=True)
+    server.run()
+    return 0

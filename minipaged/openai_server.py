@@ -1,0 +1,324 @@
+# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# Change the chapter, then run `make export`.
+
+# %% chapters/14_serving.md § The OpenAI protocol
+"""An OpenAI-compatible HTTP server in front of an ``EngineLoop`` (FastAPI).
+
+``create_app(llm, ...)`` builds the app: ``/v1/models``, ``/v1/completions``,
+``/v1/chat/completions`` (``stream: true`` as server-sent events), ``/health``,
+``/metrics`` (Prometheus) and ``/dashboard`` (a live view of the block pool). The
+handlers never call the engine: they talk to the engine loop, its one owner.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from minipaged.dashboard import DASHBOARD_HTML, block_pool_state
+from minipaged.engine import InvalidRequestError
+from minipaged.engine_bridge import SUPPORTS_LOGPROBS
+from minipaged.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
+from minipaged.metrics import ServerMetrics
+from minipaged.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
+                                       error_body)
+from minipaged.scheduler import PromptTooLongError, SamplingParams
+
+__all__ = ["create_app", "prompt_token_ids", "sampling_params"]
+
+
+def prompt_token_ids(body, tokenizer) -> list[int]:
+    """The prompt of a completions or chat body as token ids."""
+    if isinstance(body, ChatCompletionRequest):
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise OpenAIError(400, "this model has no chat template: use /v1/completions",
+                              param="messages")
+        try:
+            text = tokenizer.apply_chat_template([m.model_dump() for m in body.messages],
+                                                 add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # the template rejects the conversation
+            raise OpenAIError(400, f"the chat template failed: {error}", param="messages")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif isinstance(body.prompt, str):
+        if tokenizer is None:
+            raise OpenAIError(400, "this model has no tokenizer: send the prompt as token ids",
+                              param="prompt")
+        ids = tokenizer(body.prompt)["input_ids"]
+    else:
+        ids = body.prompt
+    if not ids:
+        raise OpenAIError(400, "the prompt is empty", param="prompt")
+    return list(ids)
+
+
+def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """The body's sampling fields as ``SamplingParams``; ``OpenAIError`` (400) if invalid."""
+    if body.logprobs and not SUPPORTS_LOGPROBS:
+        raise OpenAIError(400, "logprobs are not supported by this server", param="logprobs")
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise OpenAIError(400, f"the prompt has {num_prompt_tokens} tokens; this model's "
+                          f"context is {max_model_len} tokens", param="prompt")
+    chat_limit = getattr(body, "max_completion_tokens", None)
+    max_tokens = body.max_tokens if body.max_tokens is not None else chat_limit
+    if max_tokens is None:
+        max_tokens = room if isinstance(body, ChatCompletionRequest) else min(16, room)
+    if max_tokens > room:
+        raise OpenAIError(400, f"max_tokens = {max_tokens} plus the prompt's "
+                          f"{num_prompt_tokens} tokens exceed this model's context of "
+                          f"{max_model_len} tokens", param="max_tokens")
+    try:
+        return SamplingParams(
+            n=body.n, temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k is None else body.top_k, max_tokens=max_tokens,
+            seed=body.seed, ignore_eos=body.ignore_eos)
+    except ValueError as error:
+        raise OpenAIError(400, str(error), param=str(error).split(" ", 1)[0])
+
+
+# %% chapters/14_serving.md § Streaming
+@dataclass
+class _Answer:
+    """What every chunk of one answer repeats."""
+
+    kind: str  # "completion" or "chat"
+    id: str
+    model: str
+    created: int
+    n: int
+    prompt_tokens: int
+
+    def chunk(self, choices: list, usage=None, with_usage: bool = False) -> str:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+        if with_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    def choice(self, index: int, text: str, reason, opening: bool = False) -> dict:
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": text} if opening else (
+                {"content": text} if text else {})
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+    def usage(self, completion_tokens: int, cached: int) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+async def _events(answer: _Answer, stream, request: Request, include_usage: bool):
+    """The server-sent events of one streamed answer; aborts the request if cut short."""
+    completion = cached = 0
+    try:
+        if answer.kind == "chat":
+            for i in range(answer.n):
+                yield answer.chunk([answer.choice(i, "", None, opening=True)], None,
+                                   include_usage)
+        async for update in stream:
+            completion, cached = update.num_output_tokens, update.num_cached_tokens
+            for d in update.deltas:  # one choice per chunk, as OpenAI's server sends them
+                if d.text or d.finish_reason:
+                    yield answer.chunk([answer.choice(d.index, d.text, d.finish_reason)],
+                                       None, include_usage)
+            if not update.finished and await request.is_disconnected():
+                return
+        if include_usage:
+            yield answer.chunk([], answer.usage(completion, cached), True)
+    except (EngineStepError, EngineLoopClosedError) as error:
+        yield f"data: {json.dumps(error_body(str(error), 'server_error'))}\n\n"
+    finally:
+        stream.abort()
+    yield "data: [DONE]\n\n"
+
+
+async def _collect(answer: _Answer, stream) -> dict:
+    """The whole answer of a request that is not streamed."""
+    texts, reasons = [""] * answer.n, [None] * answer.n
+    completion = cached = 0
+    try:
+        async for update in stream:
+            completion, cached = update.num_output_tokens, update.num_cached_tokens
+            for d in update.deltas:
+                texts[d.index] += d.text
+                reasons[d.index] = d.finish_reason or reasons[d.index]
+    except (EngineStepError, EngineLoopClosedError) as error:
+        raise OpenAIError(503 if isinstance(error, EngineLoopClosedError) else 500,
+                          str(error), type="server_error")
+    finally:
+        stream.abort()
+    if answer.kind == "chat":
+        choices = [{"index": i, "message": {"role": "assistant", "content": t},
+                    "logprobs": None, "finish_reason": r}
+                   for i, (t, r) in enumerate(zip(texts, reasons))]
+    else:
+        choices = [answer.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+    return {"id": answer.id, "object": "chat.completion" if answer.kind == "chat"
+            else "text_completion", "created": answer.created, "model": answer.model,
+            "choices": choices, "usage": answer.usage(completion, cached)}
+
+
+# %% chapters/14_serving.md § The app
+class _BodyLimit:
+    """ASGI middleware: refuse a request body over ``limit`` bytes (413)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            response = JSONResponse(error_body(f"the request body is over {self.limit} bytes",
+                                               "invalid_request_error"), status_code=413)
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise HTTPException(413, f"the request body is over {self.limit} bytes")
+            return message
+
+        return await self.app(scope, counted, send)
+
+
+def _install_errors(app: FastAPI, api_key: str | None) -> None:
+    """Every error in OpenAI's shape; the API key on every /v1 route."""
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request, error: OpenAIError):
+        return JSONResponse(error_body(error.message, error.type, error.param, error.code),
+                            status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        where = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
+        return JSONResponse(error_body(message, "invalid_request_error",
+                                       where[0] if where else None), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        return JSONResponse(error_body(str(error.detail), "invalid_request_error"),
+                            status_code=error.status_code, headers=error.headers)
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return JSONResponse(error_body("a valid API key is needed: "
+                                               "Authorization: Bearer KEY",
+                                               "authentication_error"), status_code=401)
+        return await call_next(request)
+
+
+# %% chapters/14_serving.md § The app
+def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
+               api_key: str | None = None, max_waiting: int | None = 256,
+               max_body_bytes: int = 1 << 20) -> FastAPI:
+    """An OpenAI-compatible app serving ``llm`` (an ``LLM`` or ``LLMEngine``) as
+    ``model_name``. ``max_waiting``: waiting requests before new ones get 503."""
+    from contextlib import asynccontextmanager
+
+    engine_loop = EngineLoop(llm, tokenizer, max_waiting=max_waiting)
+    tokenizer = engine_loop.bridge.tokenizer
+    metrics = ServerMetrics(model_name)
+    engine_loop.observers.append(metrics.observe)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine_loop.start()
+        try:
+            yield
+        finally:
+            engine_loop.stop()
+
+    app = FastAPI(title="minipaged", lifespan=lifespan)
+    app.state.engine_loop, app.state.metrics = engine_loop, metrics
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+    _install_errors(app, api_key)
+
+    async def serve(kind: str, body, request: Request):
+        if body.model != model_name:
+            raise OpenAIError(404, f"the model `{body.model}` does not exist",
+                              param="model", code="model_not_found")
+        ids = prompt_token_ids(body, tokenizer)
+        params = sampling_params(body, len(ids), engine_loop.engine.max_model_len)
+        if engine_loop.queue_full():
+            raise OpenAIError(503, f"{engine_loop.num_waiting} requests are waiting: retry "
+                              "later", type="server_error", headers={"Retry-After": "1"})
+        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        try:
+            stream = await engine_loop.submit(ids, params, stop=stop,
+                                              include_stop=body.include_stop_str_in_output)
+        except (InvalidRequestError, PromptTooLongError, ValueError, TypeError) as error:
+            raise OpenAIError(400, str(error))
+        except EngineLoopClosedError as error:
+            raise OpenAIError(503, str(error), type="server_error")
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        answer = _Answer(kind, f"{prefix}-{stream.request_id}", model_name, int(time.time()),
+                         params.n, len(ids))
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_events(answer, stream, request, usage),
+                                     media_type="text/event-stream")
+        return await _collect(answer, stream)
+
+    _routes(app, serve, model_name, engine_loop, metrics)
+    return app
+
+
+# %% chapters/14_serving.md § The app
+def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
+            metrics: ServerMetrics) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await serve("completion", body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        return await serve("chat", body, request)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": 0, "owned_by": "minipaged",
+            "max_model_len": engine_loop.engine.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if not engine_loop.alive:
+            raise OpenAIError(503, "the engine loop is not running", type="server_error")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/dashboard")
+    async def dashboard():
+        return HTMLResponse(DASHBOARD_HTML)
+
+    @app.get("/dashboard/state")
+    async def dashboard_state():
+        try:
+            return await engine_loop.call(lambda loop: block_pool_state(loop, metrics))
+        except EngineLoopClosedError as error:
+            raise OpenAIError(503, str(error), type="server_error")

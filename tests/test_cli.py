@@ -1,0 +1,60 @@
+"""`minipaged serve` (chapter 14) as a process: it says where it listens, serves, and exits 0 on
+SIGTERM; without its packages it says what to install."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from minipaged import cli
+from tests.serving import free_port
+
+httpx = pytest.importorskip("httpx")
+
+
+def test_serve_answers_then_exits_cleanly_on_sigterm():
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cli.Path(__file__).parent.parent)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minipaged", "serve", "random:tiny", "--port", str(port),
+         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.5)
+        answer = httpx.post(url + "/v1/completions", timeout=120, json={
+            "model": "random:tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).json()
+        assert answer["usage"]["completion_tokens"] == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        assert f"http://127.0.0.1:{port}/v1" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_without_its_packages_serve_says_what_to_install(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    assert cli.main(["serve", "random:tiny"]) == 1
+    assert "pip install uvicorn" in capsys.readouterr().err
+
+
+def test_the_options_carry_vllm_names():
+    args = cli.build_parser().parse_args(
+        ["serve", "m", "--no-enable-prefix-caching", "--max-num-seqs", "4", "--kv-cache-dtype", "fp8"])
+    assert (args.enable_prefix_caching, args.max_num_seqs, args.kv_cache_dtype) == (False, 4, "fp8")
+    assert (args.host, args.port) == ("127.0.0.1", 8000)

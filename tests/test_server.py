@@ -1,0 +1,237 @@
+"""The OpenAI-compatible server (chapter 14) on a live uvicorn, through the official client: text,
+chat, streaming, n, stop, usage with cached tokens, metrics, and every malformed request answered
+in OpenAI's error shape while the server keeps serving."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from minipaged.engine_bridge import ServerDetokenizer, StopStringFilter  # noqa: E402
+from minipaged.engine import LLMEngine  # noqa: E402
+from minipaged.openai_server import create_app  # noqa: E402
+from minipaged.scheduler import SamplingParams  # noqa: E402
+from tests.serving import LiveServer, check_pool_state, smollm2_tokenizer, tiny_model  # noqa: E402
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+MODEL, MAX_LEN, SEATS = "tiny", 96, 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_model(tokenizer)
+
+
+def new_llm(model, tokenizer, **kw):
+    """Chapter 11's engine: on a CPU its torch sampler is far quicker than chapter 13's fused
+    one under Triton's interpreter (tests/test_engine_loop.py serves minipaged.LLM)."""
+    settings = dict(tokenizer=tokenizer, block_size=4, num_blocks=160, max_num_seqs=SEATS,
+                    max_model_len=MAX_LEN, check_invariants=True)
+    settings.update(kw)
+    return LLMEngine(model, **settings)
+
+
+@pytest.fixture(scope="module")
+def live(model, tokenizer):
+    app = create_app(new_llm(model, tokenizer), model_name=MODEL, max_body_bytes=64 * 1024)
+    with LiveServer(app) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_and_health(live, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(live.url + "/health").json() == {"status": "ok"}
+
+
+def test_greedy_stream_equals_the_answer_and_the_offline_engine(client, model, tokenizer):
+    prompt = "The paged cache keeps"
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text and text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert whole.choices[0].finish_reason == "length"
+    offline = new_llm(model, tokenizer).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    ids = offline[0].outputs[0].token_ids
+    assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert whole.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
+
+
+def test_chat_with_n_samples_and_a_seed(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4,
+              temperature=1.0, n=3, seed=7, extra_body={"ignore_eos": True})
+    first, again = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    assert first.usage.completion_tokens == 12 and first.choices[0].message.role == "assistant"
+    stream = list(client.chat.completions.create(stream=True, **kw))
+    texts = ["".join(c.choices[0].delta.content or "" for c in stream
+                     if c.choices and c.choices[0].index == i) for i in range(3)]
+    assert texts == [c.message.content for c in first.choices]
+
+
+def test_a_stop_string_cuts_the_text(client):
+    kw = dict(model=MODEL, prompt="Stop strings", max_tokens=8, temperature=0,
+              extra_body={"ignore_eos": True})
+    text = client.completions.create(**kw).choices[0].text
+    cut = next(i for i in range(2, len(text) - 1) if text[i] != " ")
+    stop = text[cut:cut + 2]
+    expected = text[:text.index(stop)]
+    got = client.completions.create(stop=[stop], **kw).choices[0]
+    assert (got.text, got.finish_reason) == (expected, "stop")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, stop=stop, **kw))
+    assert streamed == expected
+
+
+def test_a_repeated_prompt_reports_cached_tokens(client):
+    prompt = list(range(1000, 1030))  # 30 tokens: 7 full blocks of 4
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    client.completions.create(**kw)
+    usage = client.completions.create(**kw).usage
+    assert usage.prompt_tokens == 30 and usage.prompt_tokens_details.cached_tokens >= 24
+
+
+def test_metrics_parse_and_count_what_was_served(live, client):
+    from prometheus_client.parser import text_string_to_metric_families
+    client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(live.url + "/metrics").text)}
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+                 "time_to_first_token_seconds", "time_per_output_token_seconds",
+                 "e2e_request_latency_seconds", "request_success"):
+        assert "minipaged:" + name in families, name
+    value = lambda fam, suffix: sum(s.value for s in families[fam].samples if s.name.endswith(suffix))  # noqa: E731
+    served = value("minipaged:request_success", "_total")
+    assert served >= 1
+    assert value("minipaged:e2e_request_latency_seconds", "_count") == served
+    assert value("minipaged:prefix_cache_queries", "_total") >= value("minipaged:prefix_cache_hits", "_total") > 0
+    assert value("minipaged:num_requests_running", "running") == 0
+
+
+def post(live, body, raw=None, headers=None):
+    content = raw if raw is not None else json.dumps(body).encode()
+    return httpx.post(live.url + "/v1/completions", content=content, timeout=120,
+                      headers={"content-type": "application/json", **(headers or {})})
+
+
+GOOD = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}
+BAD = {
+    "bad JSON": (None, b'{"model": "tiny", "prompt": ', 400),
+    "not an object": (None, b'[1, 2]', 400),
+    "missing prompt": ({"model": MODEL}, None, 400),
+    "missing model": ({"prompt": "x"}, None, 400),
+    "max_tokens a string": ({**GOOD, "max_tokens": "2"}, None, 400),
+    "temperature a string": ({**GOOD, "temperature": "hot"}, None, 400),
+    "prompt of strings": ({**GOOD, "prompt": [["a"]]}, None, 400),
+    "negative max_tokens": ({**GOOD, "max_tokens": -1}, None, 400),
+    "zero max_tokens": ({**GOOD, "max_tokens": 0}, None, 400),
+    "huge max_tokens": ({**GOOD, "max_tokens": 10**9}, None, 400),
+    "negative temperature": ({**GOOD, "temperature": -1}, None, 400),
+    "top_p over 1": ({**GOOD, "top_p": 1.5}, None, 400),
+    "n beyond the engine": ({**GOOD, "n": SEATS + 1}, None, 400),
+    "prompt over max_model_len": ({**GOOD, "prompt": [1] * (MAX_LEN + 1)}, None, 400),
+    "token outside the vocabulary": ({**GOOD, "prompt": [1, 49152]}, None, 400),
+    "negative token": ({**GOOD, "prompt": [-3]}, None, 400),
+    "empty prompt": ({**GOOD, "prompt": ""}, None, 400),
+    "stop of numbers": ({**GOOD, "stop": [1]}, None, 400),
+    "logprobs": ({**GOOD, "logprobs": 2}, None, 400),
+    "unknown model": ({**GOOD, "model": "gpt-5"}, None, 404),
+    "body over the limit": (None, json.dumps({**GOOD, "prompt": "x" * 70_000}).encode(), 413),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_malformed_request_gets_an_openai_error_and_the_server_keeps_serving(live, case):
+    body, raw, status = BAD[case]
+    response = post(live, body, raw)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert post(live, GOOD).json()["usage"]["completion_tokens"] == 2
+
+
+def test_the_client_raises_the_matching_exceptions(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=[1], max_tokens=-5)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt=[1], max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user"}], max_tokens=1)
+
+
+def test_an_api_key_is_required_and_a_full_queue_answers_503(model, tokenizer):
+    import asyncio
+    app = create_app(new_llm(model, tokenizer, max_num_seqs=1), model_name=MODEL,
+                     api_key="sesame", max_waiting=1)
+    with LiveServer(app) as server:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "sesame"}):
+            response = post(server, GOOD, headers=headers)
+            assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+        key = {"authorization": "Bearer sesame"}
+        assert httpx.get(server.url + "/health").status_code == 200  # outside /v1: no key
+        long = {**GOOD, "max_tokens": 12, "stream": True, "extra": 1}
+
+        async def crowd():
+            async with httpx.AsyncClient(base_url=server.url, headers=key, timeout=120) as c:
+                first = asyncio.create_task(c.post("/v1/completions", json=long))
+                second = None
+                for _ in range(600):  # until the first runs: then the second waits
+                    await asyncio.sleep(0.05)
+                    state = (await c.get("/dashboard/state")).json()
+                    if second is None and state["running"]:
+                        second = asyncio.create_task(c.post("/v1/completions", json=long))
+                    elif second is not None and state["waiting"]:
+                        break
+                third = await c.post("/v1/completions", json=GOOD)
+                return third, await first, await second
+
+        third, first, second = asyncio.run(crowd())
+        assert third.status_code == 503 and third.headers["retry-after"] == "1", third.text
+        assert third.json()["error"]["type"] == "server_error"
+        assert first.status_code == second.status_code == 200
+        assert first.text.rstrip().endswith("data: [DONE]")
+        assert post(server, GOOD, headers=key).status_code == 200
+
+
+def test_the_incremental_detokenizer_adds_up_to_a_whole_decode(tokenizer):
+    import random
+    rng = random.Random(0)
+    for _ in range(20):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))]
+        detok = ServerDetokenizer(tokenizer)
+        pieces, k = [], 0
+        while k < len(ids):
+            step = rng.randrange(1, 4)
+            pieces.append(detok.push(ids[k:k + step]))
+            k += step
+        pieces.append(detok.flush())
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("deltas, stop, include, expected", [
+    (["ab", "c\n", "\nd"], ["\n\n"], False, "abc"),
+    (["ab", "c\n", "\nd"], ["\n\n"], True, "abc\n\n"),
+    (["x", "y", "z"], ["yz", "q"], False, "x"),
+    (["hello"], [], False, "hello"),
+    (["a\n", "b"], ["\n\n"], False, "a\nb"),
+])
+def test_a_stop_string_split_across_deltas_is_found(deltas, stop, include, expected):
+    f = StopStringFilter(stop, include)
+    out = "".join(f.feed(d) for d in deltas) + f.feed("", final=True)
+    assert out == expected
