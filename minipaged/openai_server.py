@@ -149,7 +149,19 @@ class _Answer:
 
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self._text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"token": text, "logprob": logprob, "bytes": self._bytes(token_id, text)}
+
+    def _bytes(self, token_id: int, text: str) -> list[int]:
+        """The token's own UTF-8 bytes: part of a character for a token that decodes to
+        U+FFFD alone (a byte-level BPE piece, or SentencePiece's ``<0xE2>``)."""
+        if "\ufffd" not in text or self.tokenizer is None:
+            return list(text.encode())
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return [int(piece[3:5], 16)]
+        if all(ch in _BYTE_OF for ch in piece):
+            return [_BYTE_OF[ch] for ch in piece]
+        return list(text.encode())
 
     def _top(self, entry: dict) -> list:
         return sorted(entry.items(), key=lambda kv: -kv[1])[:self.top_logprobs]
@@ -158,6 +170,17 @@ class _Answer:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": self.prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {chr(b if b in printable else next(extra)): b for b in range(256)}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 async def _events(answer: _Answer, stream, request: Request, include_usage: bool):

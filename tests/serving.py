@@ -83,9 +83,10 @@ def check_pool_state(state):
 SCRIPT = "Café au lait 😊 — 分页 works. Done"
 
 
-def scripted_model(tokenizer, text=SCRIPT, seed=0):
+def scripted_model(tokenizer, text=SCRIPT, seed=0, also_after=()):
     """``(model, prompt_ids, text_ids)``: a tiny Qwen3 whose greedy continuation of
-    ``prompt_ids`` is exactly ``text``'s tokens. Every layer adds nothing to the residual stream
+    ``prompt_ids`` (or of any prompt ending with a token of ``also_after``) is exactly
+    ``text``'s tokens. Every layer adds nothing to the residual stream
     (its o_proj and down_proj are zero), so the logits depend on the current token only, and
     each token of the chain has an embedding that the next token's lm_head row points at."""
     import torch
@@ -94,6 +95,7 @@ def scripted_model(tokenizer, text=SCRIPT, seed=0):
     chain = [start, *ids]
     model = tiny_model(tokenizer, seed)
     assert len(set(chain)) == len(chain) < model.config.hidden_size, "the chain repeats a token"
+    assert not set(also_after) & set(ids)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -103,4 +105,6 @@ def scripted_model(tokenizer, text=SCRIPT, seed=0):
             embed[token] = 0.0
             embed[token, i] = 1.0
             head[following, i] = 50.0
+        for token in also_after:
+            embed[token] = embed[start]
     return model, [start], ids

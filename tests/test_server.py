@@ -210,10 +210,18 @@ def test_an_api_key_is_required_and_a_full_queue_answers_503(model, tokenizer):
         assert post(server, GOOD, headers=key).status_code == 200
 
 
+HELLO = [{"role": "user", "content": "Say hi"}]
+
+
+def chat_prompt(tokenizer, messages=HELLO):
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
 @pytest.fixture(scope="module")
 def scripted(tokenizer):
     """A live server whose model writes SCRIPT greedily, token by token, and its prompt."""
-    model, prompt, ids = scripted_model(tokenizer)
+    chat = tokenizer(chat_prompt(tokenizer), add_special_tokens=False)["input_ids"]
+    model, prompt, ids = scripted_model(tokenizer, also_after=chat[-1:])
     app = create_app(new_llm(model, tokenizer), model_name=MODEL)
     with LiveServer(app) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
@@ -252,6 +260,20 @@ def test_a_stop_string_split_across_chunks_never_appears(scripted, tokenizer, in
         assert texts[-2:] == [" work", ""]
 
 
+def test_chat_logprobs_carry_the_bytes_of_a_split_character(scripted):
+    client, _, ids = scripted
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=len(ids), temperature=0, logprobs=True,
+              top_logprobs=1)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == SCRIPT
+    entries = whole.logprobs.content
+    assert len(entries) == len(ids) and any("\ufffd" in e.token for e in entries)
+    assert bytes(b for e in entries for b in e.bytes).decode() == SCRIPT
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.bytes for e in streamed] == [e.bytes for e in entries]
+
+
 def offline_logprobs(model, tokenizer, prompt, k, max_tokens):
     out = new_llm(model, tokenizer).generate(
         [prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
@@ -284,9 +306,8 @@ def test_completions_logprobs_equal_the_engines(client, model, tokenizer):
 
 
 def test_chat_logprobs_equal_the_engines(client, model, tokenizer):
-    messages, k = [{"role": "user", "content": "Say hi"}], 2
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    messages, k = HELLO, 2
+    prompt = tokenizer(chat_prompt(tokenizer), add_special_tokens=False)["input_ids"]
     ids, logprobs = offline_logprobs(model, tokenizer, prompt, k, 4)
     kw = dict(model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True,
               top_logprobs=k, extra_body={"ignore_eos": True})
@@ -296,7 +317,7 @@ def test_chat_logprobs_equal_the_engines(client, model, tokenizer):
     for got in (whole, streamed):
         assert [e.token for e in got] == [tokenizer.decode([t]) for t in ids]
         assert [e.logprob for e in got] == pytest.approx([lp[t] for t, lp in zip(ids, logprobs)])
-        assert [e.bytes for e in got] == [list(e.token.encode()) for e in got]
+        assert all(e.bytes == list(e.token.encode()) for e in got if "\ufffd" not in e.token)
         for e, lp in zip(got, logprobs):
             best = sorted(lp.items(), key=lambda kv: -kv[1])[:k]
             assert [(t.token, t.logprob) for t in e.top_logprobs] == [
