@@ -4,7 +4,7 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 """
 
 
-def abort_disconnected(engine, live: dict[str, int], gone: set[str]) -> int:
+def abort_disconnected(engine, live: dict[str, str], gone: set[str]) -> int:
     """Exercise 14.1: abort in ``engine`` every request of ``gone`` that ``live`` (the server's
     request id -> the engine's) still holds, and forget it there; ids not in ``live`` (finished
     already) are ignored. Returns how many were aborted."""

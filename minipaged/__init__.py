@@ -220,8 +220,6 @@ _ELSEWHERE = {
     "balanced_paged_attention": "fast_engine",
     "FAST_PARTS": "llm",
     "TORCH_PARTS": "llm",
-    "ServerDetokenizer": "engine_bridge",
-    "StopStringFilter": "engine_bridge",
     "SampleDelta": "engine_bridge",
     "RequestProgress": "engine_bridge",
     "EngineBridge": "engine_bridge",

@@ -54,11 +54,11 @@ def load_tokenizer(name: str | None):
 
 
 # %% chapters/14_serving.md § minipaged serve
-def _dtype(name: str, device):
+def _load_dtype(name: str, device):
+    """The dtype to build or load the model in: the device's own for ``auto``, else full
+    precision, which ``LLM(dtype=name)`` then casts to the dtype asked for."""
     import torch
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type != "cuda":
+    if name != "auto" or device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
@@ -69,7 +69,7 @@ def model_from_args(args, tokenizer):
     transformers folder, a hub id)."""
     from minipaged.runtime import default_device
     device = default_device()
-    dtype = _dtype(args.dtype, device)
+    dtype = _load_dtype(args.dtype, device)
     if args.model.startswith("random:"):
         from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, tiny_qwen3_config
         shapes = {"tiny": tiny_qwen3_config, "qwen3-0.6b": qwen3_0_6b_config}
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from minipaged.llm import LLM
     from minipaged.openai_server import create_app
     model, tokenizer = model_from_args(args, load_tokenizer(args.tokenizer))
-    llm = LLM(model, tokenizer=tokenizer, block_size=args.block_size,
+    llm = LLM(model, tokenizer=tokenizer, dtype=args.dtype, block_size=args.block_size,
               num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype,

@@ -17,14 +17,14 @@ def block_pool_state(engine_loop, metrics=None) -> dict:
 
     Call it on the engine loop's thread (``await engine_loop.call(block_pool_state)``):
     between two steps the manager is consistent and nobody changes it."""
-    engine, bridge = engine_loop.engine, engine_loop.bridge
+    engine = engine_loop.engine
     manager, scheduler = engine.manager, engine.scheduler
     seqs = {s.seq_id: s for q in (scheduler.running, scheduler.waiting, scheduler.swapped)
             for s in q}
 
     def name(seq_id):
         seq = seqs.get(seq_id)
-        return None if seq is None else (bridge.name_of(seq.request_id) or str(seq.request_id))
+        return None if seq is None else str(seq.request_id)
 
     owners = manager.block_owners()
     states, refcounts, holders = [], [], {}

@@ -37,8 +37,6 @@ class _Add:
     request_id: str
     prompt_ids: list[int]
     params: Any
-    stop: tuple
-    include_stop: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     accepted: asyncio.Future
@@ -132,16 +130,15 @@ class EngineLoop:
         return (self.max_waiting is not None
                 and self.num_waiting + self._inbox.qsize() >= self.max_waiting)
 
-    async def submit(self, prompt_ids: list[int], params, *, request_id: str | None = None,
-                     stop=(), include_stop: bool = False) -> RequestStream:
+    async def submit(self, prompt_ids: list[int], params, *,
+                     request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it, or raises what
         the engine raised (nothing queued)."""
         if not self.alive:
             raise EngineLoopClosedError("the server is shutting down")
         loop, request_id = asyncio.get_running_loop(), request_id or uuid.uuid4().hex
         events, accepted = asyncio.Queue(), loop.create_future()
-        self._inbox.put(_Add(request_id, list(prompt_ids), params, tuple(stop), include_stop,
-                             loop, events, accepted))
+        self._inbox.put(_Add(request_id, list(prompt_ids), params, loop, events, accepted))
         try:
             await accepted
         except asyncio.CancelledError:  # the client left before the answer: undo
@@ -188,8 +185,7 @@ class EngineLoop:
     def _apply(self, command) -> None:
         if isinstance(command, _Add):
             try:
-                self.bridge.add(command.request_id, command.prompt_ids, command.params,
-                                command.stop, command.include_stop)
+                self.bridge.add(command.request_id, command.prompt_ids, command.params)
             except Exception as error:  # refused: nothing was queued, the others go on
                 command.loop.call_soon_threadsafe(_settle, command.accepted, None, error)
                 return

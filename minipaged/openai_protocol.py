@@ -64,4 +64,5 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool = False
+    top_logprobs: int | None = None
     max_completion_tokens: int | None = None

@@ -16,7 +16,8 @@ import hmac
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from minipaged.dashboard import DASHBOARD_HTML, block_pool_state
 from minipaged.engine import InvalidRequestError
-from minipaged.engine_bridge import SUPPORTS_LOGPROBS
+from minipaged.engine_bridge import SampleDelta
 from minipaged.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
 from minipaged.metrics import ServerMetrics
 from minipaged.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
@@ -61,8 +62,12 @@ def prompt_token_ids(body, tokenizer) -> list[int]:
 
 def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
     """The body's sampling fields as ``SamplingParams``; ``OpenAIError`` (400) if invalid."""
-    if body.logprobs and not SUPPORTS_LOGPROBS:
-        raise OpenAIError(400, "logprobs are not supported by this server", param="logprobs")
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        logprobs = body.logprobs
     room = max_model_len - num_prompt_tokens
     if room < 1:
         raise OpenAIError(400, f"the prompt has {num_prompt_tokens} tokens; this model's "
@@ -80,7 +85,9 @@ def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> Samplin
             n=body.n, temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=0 if body.top_k is None else body.top_k, max_tokens=max_tokens,
-            seed=body.seed, ignore_eos=body.ignore_eos)
+            seed=body.seed, ignore_eos=body.ignore_eos,
+            stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+            include_stop_str_in_output=body.include_stop_str_in_output, logprobs=logprobs)
     except ValueError as error:
         raise OpenAIError(400, str(error), param=str(error).split(" ", 1)[0])
 
@@ -96,6 +103,9 @@ class _Answer:
     created: int
     n: int
     prompt_tokens: int
+    tokenizer: Any = None
+    top_logprobs: int | None = None  # k of ``logprobs``; None: none asked for
+    offsets: dict = field(default_factory=dict)  # sample -> text offset of its next token
 
     def chunk(self, choices: list, usage=None, with_usage: bool = False) -> str:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -105,17 +115,72 @@ class _Answer:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    def choice(self, index: int, text: str, reason, opening: bool = False) -> dict:
+    def choice(self, index: int, text: str, reason, opening: bool = False,
+               logprobs=None) -> dict:
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if opening else (
                 {"content": text} if text else {})
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            return {"index": index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def logprobs(self, d: SampleDelta) -> dict | None:
+        """The log-probabilities of ``d``'s tokens in OpenAI's shape (chat or completions)."""
+        if self.top_logprobs is None or d.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [{**self._token(t, lp[t]), "top_logprobs": [
+                self._token(u, v) for u, v in self._top(lp)]}
+                for t, lp in zip(d.token_ids, d.logprobs)]}
+        tokens, offsets, at = [self._text(t) for t in d.token_ids], [], self.offsets.get(d.index, 0)
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        self.offsets[d.index] = at
+        return {"tokens": tokens,
+                "token_logprobs": [lp[t] for t, lp in zip(d.token_ids, d.logprobs)],
+                "top_logprobs": [{self._text(u): v for u, v in self._top(lp)}
+                                 for lp in d.logprobs], "text_offset": offsets}
+
+    def _text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id])
+
+    def _token(self, token_id: int, logprob: float) -> dict:
+        text = self._text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": self._bytes(token_id, text)}
+
+    def _bytes(self, token_id: int, text: str) -> list[int]:
+        """The token's own UTF-8 bytes: part of a character for a token that decodes to
+        U+FFFD alone (a byte-level BPE piece, or SentencePiece's ``<0xE2>``)."""
+        if "\ufffd" not in text or self.tokenizer is None:
+            return list(text.encode())
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return [int(piece[3:5], 16)]
+        if all(ch in _BYTE_OF for ch in piece):
+            return [_BYTE_OF[ch] for ch in piece]
+        return list(text.encode())
+
+    def _top(self, entry: dict) -> list:
+        return sorted(entry.items(), key=lambda kv: -kv[1])[:self.top_logprobs]
 
     def usage(self, completion_tokens: int, cached: int) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": self.prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {chr(b if b in printable else next(extra)): b for b in range(256)}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 async def _events(answer: _Answer, stream, request: Request, include_usage: bool):
@@ -129,9 +194,10 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
         async for update in stream:
             completion, cached = update.num_output_tokens, update.num_cached_tokens
             for d in update.deltas:  # one choice per chunk, as OpenAI's server sends them
-                if d.text or d.finish_reason:
-                    yield answer.chunk([answer.choice(d.index, d.text, d.finish_reason)],
-                                       None, include_usage)
+                logprobs = answer.logprobs(d) if d.token_ids else None
+                if d.text or d.finish_reason or logprobs:
+                    yield answer.chunk([answer.choice(d.index, d.text, d.finish_reason,
+                                                      logprobs=logprobs)], None, include_usage)
             if not update.finished and await request.is_disconnected():
                 return
         if include_usage:
@@ -145,25 +211,29 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
 
 async def _collect(answer: _Answer, stream) -> dict:
     """The whole answer of a request that is not streamed."""
-    texts, reasons = [""] * answer.n, [None] * answer.n
+    whole = [SampleDelta(i, "", [], None, []) for i in range(answer.n)]
     completion = cached = 0
     try:
         async for update in stream:
             completion, cached = update.num_output_tokens, update.num_cached_tokens
             for d in update.deltas:
-                texts[d.index] += d.text
-                reasons[d.index] = d.finish_reason or reasons[d.index]
+                sample = whole[d.index]
+                sample.text += d.text
+                sample.token_ids += d.token_ids
+                sample.logprobs += d.logprobs or []
+                sample.finish_reason = d.finish_reason or sample.finish_reason
     except (EngineStepError, EngineLoopClosedError) as error:
         raise OpenAIError(503 if isinstance(error, EngineLoopClosedError) else 500,
                           str(error), type="server_error")
     finally:
         stream.abort()
     if answer.kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t},
-                    "logprobs": None, "finish_reason": r}
-                   for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [{"index": d.index, "message": {"role": "assistant", "content": d.text},
+                    "logprobs": answer.logprobs(d), "finish_reason": d.finish_reason}
+                   for d in whole]
     else:
-        choices = [answer.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [answer.choice(d.index, d.text, d.finish_reason, logprobs=answer.logprobs(d))
+                   for d in whole]
     return {"id": answer.id, "object": "chat.completion" if answer.kind == "chat"
             else "text_completion", "created": answer.created, "model": answer.model,
             "choices": choices, "usage": answer.usage(completion, cached)}
@@ -264,17 +334,15 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
         if engine_loop.queue_full():
             raise OpenAIError(503, f"{engine_loop.num_waiting} requests are waiting: retry "
                               "later", type="server_error", headers={"Retry-After": "1"})
-        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
         try:
-            stream = await engine_loop.submit(ids, params, stop=stop,
-                                              include_stop=body.include_stop_str_in_output)
+            stream = await engine_loop.submit(ids, params)
         except (InvalidRequestError, PromptTooLongError, ValueError, TypeError) as error:
             raise OpenAIError(400, str(error))
         except EngineLoopClosedError as error:
             raise OpenAIError(503, str(error), type="server_error")
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         answer = _Answer(kind, f"{prefix}-{stream.request_id}", model_name, int(time.time()),
-                         params.n, len(ids))
+                         params.n, len(ids), tokenizer, params.logprobs)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(_events(answer, stream, request, usage),

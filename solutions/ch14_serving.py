@@ -1,7 +1,7 @@
 """Chapter 14 exercises: reference solutions."""
 
 
-def abort_disconnected(engine, live: dict[str, int], gone: set[str]) -> int:
+def abort_disconnected(engine, live: dict[str, str], gone: set[str]) -> int:
     """Exercise 14.1: abort and forget each request of ``gone`` still in ``live``."""
     aborted = 0
     for request_id in sorted(gone):

@@ -78,3 +78,33 @@ def check_pool_state(state):
             assert held[b] == refs[b], (b, held[b], refs[b])
     assert state["num_free_blocks"] == states.count("free") + states.count("cached")
     assert state["consistent"]
+
+
+SCRIPT = "Café au lait 😊 — 分页 works. Done"
+
+
+def scripted_model(tokenizer, text=SCRIPT, seed=0, also_after=()):
+    """``(model, prompt_ids, text_ids)``: a tiny Qwen3 whose greedy continuation of
+    ``prompt_ids`` (or of any prompt ending with a token of ``also_after``) is exactly
+    ``text``'s tokens. Every layer adds nothing to the residual stream
+    (its o_proj and down_proj are zero), so the logits depend on the current token only, and
+    each token of the chain has an embedding that the next token's lm_head row points at."""
+    import torch
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    start = tokenizer("Q", add_special_tokens=False)["input_ids"][-1]
+    chain = [start, *ids]
+    model = tiny_model(tokenizer, seed)
+    assert len(set(chain)) == len(chain) < model.config.hidden_size, "the chain repeats a token"
+    assert not set(also_after) & set(ids)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        for i, (token, following) in enumerate(zip(chain, chain[1:])):
+            embed[token] = 0.0
+            embed[token, i] = 1.0
+            head[following, i] = 50.0
+        for token in also_after:
+            embed[token] = embed[start]
+    return model, [start], ids

@@ -22,14 +22,16 @@ def model():
 
 
 async def tokens_of(engine_loop, prompt, cancel_after=None):
-    counts, updates = 0, 0
+    ids, updates = [], 0
     async with await engine_loop.submit(prompt, GREEDY) as stream:
         async for update in stream:
-            counts += sum(d.num_new_tokens for d in update.deltas)
+            for d in update.deltas:
+                assert min(d.token_ids, default=0) >= 0, d  # no token still on the GPU
+                ids += d.token_ids
             updates += 1
             if updates == cancel_after:
                 break
-    return counts
+    return ids
 
 
 def test_overlapped_tokens_all_arrive_and_a_cancel_frees_blocks(model):
@@ -52,7 +54,9 @@ def test_overlapped_tokens_all_arrive_and_a_cancel_frees_blocks(model):
         (first, cancelled, third), (free, problem, left) = asyncio.run(main())
     finally:
         engine_loop.stop()
-    assert (first, third) == (5, 5) and 1 <= cancelled < 5
+    assert (first, third) == (offline[0].outputs[0].token_ids, offline[2].outputs[0].token_ids)
+    assert cancelled == offline[1].outputs[0].token_ids[:len(cancelled)]
+    assert 1 <= len(cancelled) < 5
     assert free == llm.manager.num_physical_blocks and problem is None and not left
 
 

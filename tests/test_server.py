@@ -1,6 +1,6 @@
 """The OpenAI-compatible server (chapter 14) on a live uvicorn, through the official client: text,
-chat, streaming, n, stop, usage with cached tokens, metrics, and every malformed request answered
-in OpenAI's error shape while the server keeps serving."""
+chat, streaming, n, stop strings, log-probabilities, usage with cached tokens, metrics, and every
+malformed request answered in OpenAI's error shape while the server keeps serving."""
 
 import json
 import os
@@ -11,11 +11,11 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from minipaged.engine_bridge import ServerDetokenizer, StopStringFilter  # noqa: E402
 from minipaged.engine import LLMEngine  # noqa: E402
 from minipaged.openai_server import create_app  # noqa: E402
 from minipaged.scheduler import SamplingParams  # noqa: E402
-from tests.serving import LiveServer, check_pool_state, smollm2_tokenizer, tiny_model  # noqa: E402
+from tests.serving import (SCRIPT, LiveServer, check_pool_state, scripted_model,  # noqa: E402
+                           smollm2_tokenizer, tiny_model)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 MODEL, MAX_LEN, SEATS = "tiny", 96, 8
@@ -150,7 +150,8 @@ BAD = {
     "negative token": ({**GOOD, "prompt": [-3]}, None, 400),
     "empty prompt": ({**GOOD, "prompt": ""}, None, 400),
     "stop of numbers": ({**GOOD, "stop": [1]}, None, 400),
-    "logprobs": ({**GOOD, "logprobs": 2}, None, 400),
+    "logprobs over 20": ({**GOOD, "logprobs": 21}, None, 400),
+    "negative logprobs": ({**GOOD, "logprobs": -1}, None, 400),
     "unknown model": ({**GOOD, "model": "gpt-5"}, None, 404),
     "body over the limit": (None, json.dumps({**GOOD, "prompt": "x" * 70_000}).encode(), 413),
 }
@@ -209,29 +210,117 @@ def test_an_api_key_is_required_and_a_full_queue_answers_503(model, tokenizer):
         assert post(server, GOOD, headers=key).status_code == 200
 
 
-def test_the_incremental_detokenizer_adds_up_to_a_whole_decode(tokenizer):
-    import random
-    rng = random.Random(0)
-    for _ in range(20):
-        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))]
-        detok = ServerDetokenizer(tokenizer)
-        pieces, k = [], 0
-        while k < len(ids):
-            step = rng.randrange(1, 4)
-            pieces.append(detok.push(ids[k:k + step]))
-            k += step
-        pieces.append(detok.flush())
-        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+HELLO = [{"role": "user", "content": "Say hi"}]
 
 
-@pytest.mark.parametrize("deltas, stop, include, expected", [
-    (["ab", "c\n", "\nd"], ["\n\n"], False, "abc"),
-    (["ab", "c\n", "\nd"], ["\n\n"], True, "abc\n\n"),
-    (["x", "y", "z"], ["yz", "q"], False, "x"),
-    (["hello"], [], False, "hello"),
-    (["a\n", "b"], ["\n\n"], False, "a\nb"),
-])
-def test_a_stop_string_split_across_deltas_is_found(deltas, stop, include, expected):
-    f = StopStringFilter(stop, include)
-    out = "".join(f.feed(d) for d in deltas) + f.feed("", final=True)
-    assert out == expected
+def chat_prompt(tokenizer, messages=HELLO):
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.fixture(scope="module")
+def scripted(tokenizer):
+    """A live server whose model writes SCRIPT greedily, token by token, and its prompt."""
+    chat = tokenizer(chat_prompt(tokenizer), add_special_tokens=False)["input_ids"]
+    model, prompt, ids = scripted_model(tokenizer, also_after=chat[-1:])
+    app = create_app(new_llm(model, tokenizer), model_name=MODEL)
+    with LiveServer(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        yield client, prompt, ids
+
+
+def scripted_stream(scripted, **kw):
+    client, prompt, ids = scripted
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=len(ids),
+                                            temperature=0, stream=True, **kw))
+    return [c.choices[0].text for c in chunks], chunks[-1].choices[0].finish_reason
+
+
+def test_a_character_split_across_tokens_arrives_whole_in_the_stream(scripted, tokenizer):
+    _, _, ids = scripted
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the emoji takes two tokens
+    texts, reason = scripted_stream(scripted)
+    assert "".join(texts) == SCRIPT and reason == "length"
+    assert not any("\ufffd" in t for t in texts)
+    assert any("😊" in t for t in texts)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_split_across_chunks_never_appears(scripted, tokenizer, include):
+    _, _, ids = scripted
+    at = next(i for i, t in enumerate(ids) if tokenizer.decode([t]) == ".")
+    stop = "s."  # the end of " works" and the next token
+    assert tokenizer.decode([ids[at - 1]]).endswith("s")
+    texts, reason = scripted_stream(scripted, stop=[stop],
+                                    extra_body={"include_stop_str_in_output": include})
+    cut = SCRIPT.index(stop) + (len(stop) if include else 0)
+    assert "".join(texts) == SCRIPT[:cut] and reason == "stop"
+    assert "".join(texts).count(stop) == (1 if include else 0)
+    if not include:  # the "s" waited until the "." showed it starts the stop string
+        assert texts[-2:] == [" work", ""]
+
+
+def test_chat_logprobs_carry_the_bytes_of_a_split_character(scripted):
+    client, _, ids = scripted
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=len(ids), temperature=0, logprobs=True,
+              top_logprobs=1)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == SCRIPT
+    entries = whole.logprobs.content
+    assert len(entries) == len(ids) and any("\ufffd" in e.token for e in entries)
+    assert bytes(b for e in entries for b in e.bytes).decode() == SCRIPT
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.bytes for e in streamed] == [e.bytes for e in entries]
+
+
+def offline_logprobs(model, tokenizer, prompt, k, max_tokens):
+    out = new_llm(model, tokenizer).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                 logprobs=k), use_tqdm=False)[0].outputs[0]
+    return out.token_ids, out.logprobs
+
+
+def test_completions_logprobs_equal_the_engines(client, model, tokenizer):
+    prompt, k = "Log probabilities of", 3
+    ids, logprobs = offline_logprobs(model, tokenizer, prompt, k, 5)
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=k,
+              extra_body={"ignore_eos": True})
+    fields = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    answer = client.completions.create(**kw).choices[0].logprobs
+    whole = {f: getattr(answer, f) for f in fields}
+    chunks = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kw)
+              if c.choices and c.choices[0].logprobs]
+    streamed = {f: sum((getattr(c, f) for c in chunks), []) for f in fields}
+    for got in (whole, streamed):
+        get = got.get
+        assert get("tokens") == [tokenizer.decode([t]) for t in ids]
+        assert get("token_logprobs") == pytest.approx([lp[t] for t, lp in zip(ids, logprobs)])
+        tops = get("top_logprobs")
+        assert [len(top) for top in tops] == [k] * 5
+        for top, lp in zip(tops, logprobs):
+            best = sorted(lp.items(), key=lambda kv: -kv[1])[:k]
+            assert top == pytest.approx({tokenizer.decode([u]): v for u, v in best})
+        lengths = [len(t) for t in get("tokens")]
+        assert get("text_offset") == [sum(lengths[:i]) for i in range(5)]
+
+
+def test_chat_logprobs_equal_the_engines(client, model, tokenizer):
+    messages, k = HELLO, 2
+    prompt = tokenizer(chat_prompt(tokenizer), add_special_tokens=False)["input_ids"]
+    ids, logprobs = offline_logprobs(model, tokenizer, prompt, k, 4)
+    kw = dict(model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True,
+              top_logprobs=k, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    for got in (whole, streamed):
+        assert [e.token for e in got] == [tokenizer.decode([t]) for t in ids]
+        assert [e.logprob for e in got] == pytest.approx([lp[t] for t, lp in zip(ids, logprobs)])
+        assert all(e.bytes == list(e.token.encode()) for e in got if "\ufffd" not in e.token)
+        for e, lp in zip(got, logprobs):
+            best = sorted(lp.items(), key=lambda kv: -kv[1])[:k]
+            assert [(t.token, t.logprob) for t in e.top_logprobs] == [
+                (tokenizer.decode([u]), pytest.approx(v)) for u, v in best]
+    plain = client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
