@@ -365,12 +365,13 @@ class LLMEngine:
             preemption_mode=preemption_mode,
             enable_chunked_prefill=enable_chunked_prefill))
         self.stats = RunStats()
-        on_gpu = self.model.device.type == "cuda"
+        # a CUDA graph replays GPU work only: the PyTorch backend's writes ask the host
+        graphable = self.model.device.type == "cuda" and self.attention_backend == "triton"
         self.runner = ModelRunner(
             self.model, self.cache, cpu_cache, parts.sampler(self.model.device), self.stats,
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
-            enable_cuda_graphs=on_gpu if enable_cuda_graphs is None
-            else enable_cuda_graphs and on_gpu,
+            enable_cuda_graphs=graphable if enable_cuda_graphs is None
+            else enable_cuda_graphs and graphable,
             single_forward=parts.single_forward)
         self.loop = parts.step_loop(self)
         self.check_invariants = check_invariants
