@@ -194,8 +194,10 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
         async for update in stream:
             completion, cached = update.num_output_tokens, update.num_cached_tokens
             for d in update.deltas:  # one choice per chunk, as OpenAI's server sends them
-                logprobs = answer.logprobs(d) if d.token_ids else None
-                if d.text or d.finish_reason or logprobs:
+                # a chunk for every step that made a token, even one with no text yet
+                # (bytes held back, or no tokenizer at all), as vLLM's server does
+                if d.token_ids or d.text or d.finish_reason:
+                    logprobs = answer.logprobs(d) if d.token_ids else None
                     yield answer.chunk([answer.choice(d.index, d.text, d.finish_reason,
                                                       logprobs=logprobs)], None, include_usage)
             if not update.finished and await request.is_disconnected():

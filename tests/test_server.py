@@ -324,3 +324,19 @@ def test_chat_logprobs_equal_the_engines(client, model, tokenizer):
                 (tokenizer.decode([u]), pytest.approx(v)) for u, v in best]
     plain = client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None})
     assert plain.choices[0].logprobs is None
+
+
+def test_without_a_tokenizer_every_token_still_streams_as_a_chunk(model):
+    """A random model has no tokenizer: its text is empty, yet a load benchmark must see one
+    chunk per step (vLLM's server sends a chunk whenever a step made tokens)."""
+    app = create_app(new_llm(model, None), model_name=MODEL)
+    body = {"model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 5, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    with LiveServer(app) as server:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            events = [json.loads(line[len("data: "):]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+    token_chunks = [e for e in events if e["choices"]]
+    assert len(token_chunks) == 5, events
+    assert [e["choices"][0]["finish_reason"] for e in token_chunks] == [None] * 4 + ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == 5
