@@ -238,11 +238,12 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
                    ignore_eos: bool = True, extra_body: dict | None = None, seed: int = 0,
                    slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
                    timeout: float | None = None, progress: bool = False,
-                   keep_requests: bool = False) -> dict:
+                   keep_requests: bool = False, start_at: float | None = None) -> dict:
     """Send ``requests`` to ``base_url + endpoint`` at ``rate`` per second (see the module's text)
     and return ``summarize``'s metrics plus the run's settings; with ``keep_requests``, also every
     request's own result under ``"requests"``. ``timeout`` bounds the run: requests still waiting
-    or streaming then fail with ``"timeout"``."""
+    or streaming then fail with ``"timeout"``. ``start_at`` (``time.time()`` seconds) delays the
+    run's start, so that several client processes start together."""
     import httpx
 
     url = base_url.rstrip("/") + endpoint
@@ -258,6 +259,8 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
                           max_keepalive_connections=max_concurrency or len(requests) or 1)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
         t0, cpu0 = time.perf_counter(), time.process_time()
 
         async def one(i: int) -> None:
@@ -291,3 +294,50 @@ async def run_load(base_url: str, requests: list[LoadRequest], rate: float = mat
     if keep_requests:
         run["requests"] = [asdict(r) | {"tpot": r.tpot} for r in results]
     return run
+
+
+# -- several client processes -------------------------------------------------------------------
+
+def _load_in_child(base_url: str, requests: list[LoadRequest], rate: float, burstiness: float,
+                   max_concurrency: int | None, kwargs: dict) -> dict:
+    return asyncio.run(run_load(base_url, requests, rate, burstiness, max_concurrency,
+                                keep_requests=True, **kwargs))
+
+
+def run_load_processes(base_url: str, requests: list[LoadRequest], rate: float = math.inf,
+                       burstiness: float = 1.0, max_concurrency: int | None = None, *,
+                       processes: int = 1, seed: int = 0, slo_ttft_ms: float | None = None,
+                       slo_tpot_ms: float | None = None, keep_requests: bool = False,
+                       **kwargs) -> dict:
+    """``run_load`` spread over ``processes`` client processes, for servers faster than one
+    Python process can read (see ``client_cpu_s``). Process ``i`` sends every ``processes``-th
+    request from ``i`` at ``rate / processes`` (Poisson streams add up to a Poisson stream of the
+    whole rate; other burstiness only approximately) with its share of ``max_concurrency``; all
+    start together and the runs merge into one summary: throughputs over the longest run,
+    ``client_cpu_s`` summed over processes."""
+    import concurrent.futures
+    import multiprocessing
+
+    if processes <= 1:
+        return asyncio.run(run_load(base_url, requests, rate, burstiness, max_concurrency,
+                                    seed=seed, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                                    keep_requests=keep_requests, **kwargs))
+    start_at = time.time() + 5.0  # time for the children to start and import
+    share = None if max_concurrency is None else max(1, math.ceil(max_concurrency / processes))
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        futures = [pool.submit(_load_in_child, base_url, requests[i::processes], rate / processes,
+                               burstiness, share, kwargs | {"seed": seed + i, "start_at": start_at})
+                   for i in range(processes)]
+        runs = [f.result() for f in futures]
+    results = [RequestResult(**{k: v for k, v in r.items() if k != "tpot"})
+               for run in runs for r in run["requests"]]
+    duration = max(run["duration_s"] for run in runs)
+    merged = {"request_rate": rate if math.isfinite(rate) else "inf", "burstiness": burstiness,
+              "max_concurrency": max_concurrency, "num_prompts": len(requests),
+              "client_processes": processes,
+              "client_cpu_s": sum(run["client_cpu_s"] for run in runs)}
+    merged |= summarize(results, duration, slo_ttft_ms, slo_tpot_ms)
+    if keep_requests:
+        merged["requests"] = [asdict(r) | {"tpot": r.tpot} for r in results]
+    return merged

@@ -3,7 +3,8 @@ highest request rate it sustains within latency limits.
 
     python benchmarks/serve_vs_inprocess.py --out results [--model-spec random:qwen3-0.6b]
         [--num-requests 256] [--max-tokens 512] [--rates R1,R2,...] [--sweep-requests N]
-        [--base-url URL] [--skip-inprocess] [--run-timeout S]
+        [--base-url URL] [--skip-inprocess] [--run-timeout S] [--client-processes K]
+        [--budgets B1,B2,... [--budget-rate R]] [--skip-served] [--result-name NAME]
 
 (a) In-process: chapter 13's ``minipaged.LLM.generate`` on bench_fast_engine's model and workload
     (random bf16 Qwen3-0.6B shape, 256 requests, prompts uniform in 100-1024, 512 new tokens, EOS
@@ -16,6 +17,12 @@ highest request rate it sustains within latency limits.
 (c) A sweep of request rates (Poisson arrivals; by default fractions of (b)'s request throughput,
     ``SWEEP_FRACTIONS``, up to past saturation): per rate the load generator's metrics, and the
     highest rate whose p99 TTFT <= 1 s and p99 TPOT <= 50 ms with no request failed.
+(d) With ``--budgets``: one server per chunked-prefill token budget (``--max-num-batched-tokens``),
+    each loaded at the same rate: TTFT and TPOT against the budget.
+
+The load runs in ``--client-processes`` processes (``serve_load.run_load_processes``): one Python
+process reads about 17k chunks/s, fewer than the engine makes, and ``client_cpu_s`` shows when the
+client set the pace.
 
 Writes OUT/serve_h200.json (serve_cpu.json without a GPU). ``--base-url`` measures a server already
 running instead of starting one (and is how the tests drive (b) and (c) against a fake server).
@@ -38,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_serve import course_requests  # noqa: E402
-from benchmarks.serve_load import LoadRequest, run_load  # noqa: E402
+from benchmarks.serve_load import LoadRequest, run_load, run_load_processes  # noqa: E402
 
 MODEL_SPEC = "random:qwen3-0.6b"
 """the random model with Qwen3-0.6B's shape, as the server is assumed to name it"""
@@ -139,28 +146,58 @@ def highest_rate_meeting(runs: list[dict], ttft_p99_ms: float = SLO_TTFT_P99_MS,
     return best
 
 
-async def served(base_url: str, model: str, requests: list[LoadRequest], rates: list[float] | None,
-                 sweep_requests: int, run_timeout: float, ignore_eos: bool = True,
-                 log=print) -> dict:
-    """(b) and (c) against the server at ``base_url``."""
+def served(base_url: str, model: str, requests: list[LoadRequest], rates: list[float] | None,
+           sweep_requests: int, run_timeout: float, ignore_eos: bool = True,
+           processes: int = 1, log=print) -> dict:
+    """(b) and (c) against the server at ``base_url``, with ``processes`` client processes."""
     common = {"model": model, "timeout": run_timeout, "seed": 0, "ignore_eos": ignore_eos,
               "slo_ttft_ms": SLO_TTFT_P99_MS, "slo_tpot_ms": SLO_TPOT_P99_MS}
     warm = [LoadRequest(r.prompt[:32], min(32, r.prompt_len), 4) for r in requests[:4]]
-    await run_load(base_url, warm, **common)      # compiled kernels, captured graphs
-    saturated = await run_load(base_url, requests, math.inf, 1.0, 256, **common)
+    asyncio.run(run_load(base_url, warm, **common))      # compiled kernels, captured graphs
+    saturated = run_load_processes(base_url, requests, math.inf, 1.0, 256, processes=processes,
+                                   **common)
     log(f"served, all at once: {saturated['output_throughput']:,.0f} out tok/s, "
-        f"{saturated['request_throughput']:.2f} req/s, ITL p50 {saturated['itl_ms']['median']} ms")
+        f"{saturated['request_throughput']:.2f} req/s, ITL p50 {saturated['itl_ms']['median']} ms, "
+        f"client CPU {saturated['client_cpu_s']:.1f} s over {saturated['duration_s']:.1f} s")
     if rates is None:
         rates = sweep_rates(saturated["request_throughput"]) if saturated["completed"] else []
     sweep = []
     for rate in rates:
-        run = await run_load(base_url, requests[:sweep_requests], rate, 1.0, 256, **common)
-        log(f"  rate {rate:g}/s: TTFT p99 {run['ttft_ms']['p99']} ms, "
-            f"TPOT p99 {run['tpot_ms']['p99']} ms, failed {run['failed']}")
+        run = run_load_processes(base_url, requests[:sweep_requests], rate, 1.0, 256,
+                                 processes=processes, **common)
+        log(f"  rate {rate:g}/s: {run['output_throughput']:,.0f} out tok/s, TTFT p99 "
+            f"{run['ttft_ms']['p99']} ms, TPOT p99 {run['tpot_ms']['p99']} ms, "
+            f"failed {run['failed']}")
         sweep.append(run)
     return {"saturated": saturated, "sweep": sweep,
             "highest_rate_within_slo": highest_rate_meeting(sweep),
             "slo": {"ttft_p99_ms": SLO_TTFT_P99_MS, "tpot_p99_ms": SLO_TPOT_P99_MS}}
+
+
+def budget_sweep(model_spec: str, budgets: list[int], requests: list[LoadRequest], rate: float,
+                 run_timeout: float, ignore_eos: bool, processes: int, out: Path,
+                 ready_timeout: float, log=print) -> list[dict]:
+    """(d) One server per chunked-prefill token budget (``--max-num-batched-tokens``), each loaded
+    with the same requests at the same ``rate``: how the budget trades TTFT against TPOT."""
+    common = {"timeout": run_timeout, "seed": 0, "ignore_eos": ignore_eos,
+              "slo_ttft_ms": SLO_TTFT_P99_MS, "slo_tpot_ms": SLO_TPOT_P99_MS}
+    runs = []
+    for budget in budgets:
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        options = ENGINE_OPTIONS | {"max_num_batched_tokens": budget}
+        with running_server(server_command(model_spec, port, options), base_url,
+                            out / f"serve_server_budget{budget}.log", ready_timeout):
+            model = first_model(base_url)
+            warm = [LoadRequest(r.prompt[:32], min(32, r.prompt_len), 4) for r in requests[:4]]
+            asyncio.run(run_load(base_url, warm, model=model, **common))
+            run = run_load_processes(base_url, requests, rate, 1.0, 256, processes=processes,
+                                     model=model, **common)
+        run["max_num_batched_tokens"] = budget
+        log(f"  budget {budget}: TTFT p50/p99 {run['ttft_ms']['median']}/{run['ttft_ms']['p99']} "
+            f"ms, TPOT p50/p99 {run['tpot_ms']['median']}/{run['tpot_ms']['p99']} ms")
+        runs.append(run)
+    return runs
 
 
 def first_model(base_url: str) -> str:
@@ -184,6 +221,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run-timeout", type=float, default=300, help="seconds per load run")
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="send ignore_eos: true (off for a server that refuses the field)")
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="load-generator processes (one Python process reads ~17k chunks/s)")
+    parser.add_argument("--budgets", help="comma-separated --max-num-batched-tokens values for "
+                        "(d), each on its own server (default: no budget sweep)")
+    parser.add_argument("--budget-rate", type=float,
+                        help="requests/s of (d) (default: 0.75 of (b)'s request throughput)")
+    parser.add_argument("--skip-served", action="store_true", help="only (a) and (d)")
+    parser.add_argument("--result-name", help="file name under --out (default serve_<device>.json)")
     return parser.parse_args(argv)
 
 
@@ -212,10 +257,13 @@ def main(argv=None) -> int:
     sweep_requests = args.sweep_requests or args.num_requests
 
     def measure(base_url: str) -> dict:
-        return asyncio.run(served(base_url, first_model(base_url), requests, rates,
-                                  sweep_requests, args.run_timeout, args.ignore_eos))
+        return served(base_url, first_model(base_url), requests, rates, sweep_requests,
+                      args.run_timeout, args.ignore_eos, args.client_processes)
 
-    if args.base_url:
+    record["client_processes"] = args.client_processes
+    if args.skip_served:
+        record |= {"saturated": None, "sweep": [], "highest_rate_within_slo": None}
+    elif args.base_url:
         record["server"] = {"base_url": args.base_url, "started_here": False}
         record |= measure(args.base_url.rstrip("/"))
     else:
@@ -225,15 +273,25 @@ def main(argv=None) -> int:
         record["server"] = {"command": " ".join(command[1:]), "started_here": True}
         with running_server(command, base_url, out / "serve_server.log", args.ready_timeout):
             record |= measure(base_url)
+    if args.budgets:
+        if not (args.budget_rate or record["saturated"]):
+            raise SystemExit("--budgets with --skip-served needs --budget-rate")
+        rate = args.budget_rate or 0.75 * record["saturated"]["request_throughput"]
+        record["budget_rate"] = rate
+        record["budget_sweep"] = budget_sweep(
+            args.model_spec, [int(b) for b in args.budgets.split(",")], requests[:sweep_requests],
+            rate, args.run_timeout, args.ignore_eos, args.client_processes, out,
+            args.ready_timeout)
     inprocess = record.get("inprocess", {})
-    if inprocess.get("tok_per_s") and record["saturated"]["completed"]:
+    saturated = record["saturated"] or {"completed": 0, "failed": 0}
+    if inprocess.get("tok_per_s") and saturated["completed"]:
         record["served_over_inprocess_throughput"] = (record["saturated"]["output_throughput"]
                                                       / inprocess["tok_per_s"])
-    path = out / f"serve_{'h200' if on_gpu else 'cpu'}.json"
+    path = out / (args.result_name or f"serve_{'h200' if on_gpu else 'cpu'}.json")
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"highest rate within p99 TTFT <= 1 s, p99 TPOT <= 50 ms: "
           f"{record['highest_rate_within_slo']} req/s; wrote {path}")
-    ok = record["saturated"]["failed"] == 0 and "error" not in inprocess
+    ok = saturated["failed"] == 0 and "error" not in inprocess
     return 0 if ok else 1
 
 

@@ -364,3 +364,16 @@ def test_chat_endpoint_streams_deltas_and_ends_on_a_bare_finish_chunk(serve):
     assert all(len(r["itl"]) == 4 for r in run["requests"])
     assert fake.bodies[0]["messages"][0]["role"] == "user" and "prompt" not in fake.bodies[0]
     assert 1e3 * FIRST <= run["ttft_ms"]["median"]
+
+
+def test_several_client_processes_merge_into_one_run(serve):
+    from benchmarks.serve_load import run_load_processes
+    base_url, fake = serve()
+    load(base_url, requests(1, output_len=2))
+    run = run_load_processes(base_url, requests(9, output_len=5), max_concurrency=3, processes=3,
+                             model="fake-model", timeout=60, keep_requests=True)
+    assert (run["completed"], run["failed"], run["client_processes"]) == (9, 0, 3)
+    assert run["total_output_tokens"] == 45 and len(run["requests"]) == 9
+    assert 1e3 * FIRST <= run["ttft_ms"]["median"] < 1e3 * FIRST + 200
+    # all three started together: the run lasts about one request, not three in a row
+    assert run["duration_s"] < FIRST + 5 * GAP + 1.0
