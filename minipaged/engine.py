@@ -564,15 +564,18 @@ class LLMEngine:
 
     # %% chapters/11_engine.md § Text out
     @exclusive
-    def request_output(self, request_id: str) -> RequestOutput:
+    def request_output(self, request_id: str, since: dict | None = None) -> RequestOutput:
         """The output so far of a request ``step`` has not returned (what a server streams):
-        its text only grows, and ``finished`` stays False until ``step`` returns it."""
+        its text only grows, and ``finished`` stays False until ``step`` returns it. With
+        ``since`` (sample index -> tokens and characters already read), only what is new."""
         for output in self.loop.ready:
             if output.request_id == request_id:
-                return output
+                return output if not since else replace(output, outputs=[
+                    completion_tail(c, *since.get(c.index, (0, 0))) for c in output.outputs])
         if request_id not in self.requests:
             raise KeyError(f"unknown or already finished request {request_id!r}")
-        return replace(self.output_processor.output(self.requests[request_id]), finished=False)
+        output = self.output_processor.output(self.requests[request_id], since)
+        return replace(output, finished=False)
 
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
@@ -887,9 +890,12 @@ class OutputProcessor:
                 total = request.cumulative_logprob.get(index, 0.0)
                 request.cumulative_logprob[index] = total + entry[0]
 
-    def output(self, request: _Request) -> RequestOutput:
-        """The request's ``RequestOutput``: its completions, in sample order, and metrics."""
-        outputs = [self.completion(request, seq)
+    def output(self, request: _Request, since: dict | None = None) -> RequestOutput:
+        """The request's ``RequestOutput``: its completions, in sample order, and metrics.
+        ``since`` maps a sample index to the tokens and characters already read: each of
+        those completions then holds only what came after (``completion``)."""
+        since = since or {}
+        outputs = [self.completion(request, seq, *since.get(seq.sample_index, (0, 0)))
                    for seq in sorted(request.seqs, key=lambda s: s.sample_index)]
         first = request.seqs[0] if request.seqs else None
         metrics = {} if first is None else {
@@ -900,16 +906,20 @@ class OutputProcessor:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              outputs, request.finished, request.error, metrics)
 
-    def completion(self, request: _Request, seq: Sequence) -> CompletionOutput:
-        """``seq``'s output: its known tokens, text, finish and stop reasons, logprobs."""
+    def completion(self, request: _Request, seq: Sequence, from_token: int = 0,
+                   from_char: int = 0) -> CompletionOutput:
+        """``seq``'s output: its known tokens, text, finish and stop reasons, logprobs; only
+        those after the first ``from_token`` tokens and ``from_char`` characters, so that a
+        stream pays for its new tokens each step, not for its whole length."""
         text = self.text(request, seq)
-        tokens = [t for t in seq.output_token_ids if t >= 0]  # none still on the GPU
+        tokens = [t for t in seq.output_token_ids[from_token:] if t >= 0]  # none on the GPU
         index = seq.sample_index
         logprobs = request.logprobs.get(index, []) if request.params.logprobs is not None else None
         return CompletionOutput(
-            index, tokens, None if text is None else text.text, seq.finish_reason,
-            self.stop_reason(seq, tokens, text), request.cumulative_logprob.get(index),
-            None if logprobs is None else logprobs[:len(tokens)])
+            index, tokens, None if text is None else text.text[from_char:], seq.finish_reason,
+            self.stop_reason(seq, seq.output_token_ids, text),
+            request.cumulative_logprob.get(index),
+            None if logprobs is None else logprobs[from_token:from_token + len(tokens)])
 
     def stop_reason(self, seq: Sequence, tokens: list[int],
                     text: IncrementalDetokenizer | None) -> str | int | None:
@@ -940,6 +950,16 @@ def _request_id(request_id: str | None, engine: LLMEngine) -> str:
         raise InvalidRequestError(f"request_id {request_id!r} belongs to an unfinished "
                                   + "request: choose another, or abort that one first")
     return request_id
+
+
+# %% chapters/11_engine.md § Text out
+def completion_tail(completion: CompletionOutput, from_token: int,
+                    from_char: int) -> CompletionOutput:
+    """``completion`` without its first ``from_token`` tokens and ``from_char`` characters."""
+    logprobs = completion.logprobs
+    return replace(completion, token_ids=completion.token_ids[from_token:],
+                   text=None if completion.text is None else completion.text[from_char:],
+                   logprobs=None if logprobs is None else logprobs[from_token:])
 
 
 # %% chapters/11_engine.md § Beam search on fork and copy-on-write

@@ -13,7 +13,9 @@ methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from minipaged.engine import completion_tail
 
 __all__ = ["SampleDelta", "RequestProgress", "EngineBridge"]
 
@@ -51,7 +53,7 @@ class RequestProgress:
 
 @dataclass
 class _Tracked:
-    sent: dict  # sample index -> [text sent, number of tokens sent]
+    sent: dict  # sample index -> [tokens sent, characters sent]
     num_prompt_tokens: int
 
 
@@ -69,7 +71,7 @@ class EngineBridge:
         """Queue a request; raises what the engine raises (``InvalidRequestError`` for an id
         in use), and then nothing is queued."""
         self.engine.add_request(list(prompt_ids), params, request_id=request_id)
-        self.requests[request_id] = _Tracked({i: ["", 0] for i in range(params.n)},
+        self.requests[request_id] = _Tracked({i: [0, 0] for i in range(params.n)},
                                              len(prompt_ids))
 
     def abort(self, request_id: str) -> bool:
@@ -91,9 +93,12 @@ class EngineBridge:
         progress = []
         for request_id, tracked in list(self.requests.items()):
             out = finished.get(request_id)
-            if out is None:
+            if out is not None:  # the whole output: keep what was not sent yet
+                out = replace(out, outputs=[completion_tail(c, *tracked.sent[c.index])
+                                            for c in out.outputs])
+            else:
                 try:
-                    out = self.engine.request_output(request_id)
+                    out = self.engine.request_output(request_id, since=tracked.sent)
                 except KeyError:  # not known to the engine (any more): nothing to report
                     continue
             update = self._progress(request_id, tracked, out)
@@ -103,19 +108,19 @@ class EngineBridge:
 
     # %% chapters/14_serving.md § From token ids to text, incrementally
     def _progress(self, request_id: str, tracked: _Tracked, out) -> RequestProgress:
-        """The deltas of one request's samples since the last step; forget it once finished."""
+        """The deltas of one request's samples since the last step (``out`` holds only what is
+        new); forget the request once finished."""
         deltas = []
         for c in out.outputs:
-            sent = tracked.sent[c.index]
-            text, new = (c.text or "")[len(sent[0]):], c.token_ids[sent[1]:]
-            logprobs = None if c.logprobs is None else c.logprobs[sent[1]:len(c.token_ids)]
+            text, new = c.text or "", c.token_ids
             reason = c.finish_reason if out.finished else None  # every token has arrived
             if text or new or reason:
-                deltas.append(SampleDelta(c.index, text, list(new), reason, logprobs))
-            sent[0], sent[1] = sent[0] + text, len(c.token_ids)
+                deltas.append(SampleDelta(c.index, text, list(new), reason, c.logprobs))
+            sent = tracked.sent[c.index]
+            sent[0], sent[1] = sent[0] + len(new), sent[1] + len(text)
         if out.finished:
             del self.requests[request_id]
-        counts = [s[1] for s in tracked.sent.values()]
+        counts = [s[0] for s in tracked.sent.values()]
         return RequestProgress(request_id, deltas, out.finished,
                                out.metrics.get("num_cached_tokens", 0),
                                out.metrics if out.finished else None, tracked.num_prompt_tokens,

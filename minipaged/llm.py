@@ -142,9 +142,10 @@ class LLM:
         queued on an error, a duplicate of an unfinished request's id included)."""
         return self.llm_engine.add_request(prompt, params, request_id)
 
-    def request_output(self, request_id: str) -> RequestOutput:
-        """The output so far of a request ``step`` has not returned yet (to stream)."""
-        return self.llm_engine.request_output(request_id)
+    def request_output(self, request_id: str, since: dict | None = None) -> RequestOutput:
+        """The output so far of a request ``step`` has not returned yet (to stream); with
+        ``since`` (sample index -> tokens and characters already read), only what is new."""
+        return self.llm_engine.request_output(request_id, since)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; the requests that finished in it."""
