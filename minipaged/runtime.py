@@ -64,7 +64,7 @@ def _interpret_triton_language() -> int:
 
     Returns how many it rebuilt (0 when Triton came after the switch, or not at all).
     """
-    if not uses_triton_interpreter() or "triton.language" not in sys.modules:
+    if not uses_triton_interpreter() or sys.modules.get("triton.language") is None:
         return 0
     try:
         import triton
