@@ -60,6 +60,8 @@ _ELSEWHERE = {
     "results_path": "runtime",
     "uses_triton_interpreter": "runtime",
     "TritonImportOrderError": "runtime",
+    "has_triton": "runtime",
+    "TritonNotInstalledError": "runtime",
     "add_to_class": "runtime",
     "glue": "runtime",
     "DTYPE_BYTES": "sizing",

@@ -11,9 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines)
-import triton
-import triton.language as tl
+from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
 from minipaged.block_table import blocks_needed
 from minipaged.kv_cache import PagedKVCache

@@ -25,7 +25,8 @@ from minipaged.detokenizer import IncrementalDetokenizer
 from minipaged.model_runner import ModelRunner
 from minipaged.prefix_cache import PrefixCachingBlockManager
 from minipaged.qwen3 import Qwen3PagedModel
-from minipaged.runtime import default_device
+from minipaged.runtime import (NO_TRITON, TritonNotInstalledError, default_device,
+                               has_triton)
 from minipaged.sampler import Sampler
 from minipaged.scheduler import (PromptTooLongError, SamplingParams, ScheduledChunk,
                                  Scheduler, SchedulerConfig, SchedulerOutput, Sequence,
@@ -267,18 +268,21 @@ MODEL_DTYPE_CACHE = CacheFormat(_new_model_dtype_cache, _model_dtype_block_bytes
 def resolve_attention_backend(name: str, device: torch.device | str,
                               available: tuple[str, ...] = ATTENTION_BACKENDS) -> str:
     """The attention backend an engine on ``device`` uses for ``name``: ``"auto"`` is
-    Triton on a GPU and PyTorch elsewhere (Triton on a CPU only interprets), when the
-    cache format has a PyTorch path (``available``); a name it lacks raises."""
+    Triton on a GPU and PyTorch elsewhere (Triton on a CPU only interprets, and may not be
+    installed), when the cache format has a PyTorch path (``available``); a name it lacks
+    raises, and so does Triton where it is not installed (``TritonNotInstalledError``)."""
     choices = ("auto", *ATTENTION_BACKENDS)
     if name not in choices:
         raise ValueError(f"attention_backend must be one of {choices}, got {name!r}")
     if name == "auto":
-        on_gpu = torch.device(device).type == "cuda"
-        return "torch" if not on_gpu and "torch" in available else "triton"
-    if name not in available:
+        compiled = torch.device(device).type == "cuda" and has_triton()
+        name = "torch" if not compiled and "torch" in available else "triton"
+    elif name not in available:
         raise ValueError(f"this kv_cache_dtype has no {name!r} attention backend (only "
                          + f"{list(available)}): use attention_backend='auto' or "
                          + "kv_cache_dtype='auto'")
+    if name == "triton" and not has_triton():
+        raise TritonNotInstalledError(f"the Triton attention backend: {NO_TRITON}")
     return name
 
 

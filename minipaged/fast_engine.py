@@ -24,8 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import nn
 
 from minipaged.decode_attention import (PagedAttentionError, attend_group,
@@ -37,6 +35,7 @@ from minipaged.kv_cache import PagedKVCache
 from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
                              Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
                              prefill_attention, rope_cos_sin)
+from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 from minipaged.sampler import Sampler
 from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
 from minipaged.sizing import ceil_div

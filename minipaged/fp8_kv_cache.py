@@ -12,9 +12,7 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines)
-import triton
-import triton.language as tl
+from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
 from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import (PagedAttentionError, check_block_tables,

@@ -10,9 +10,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-import minipaged.runtime  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines)
-import triton
-import triton.language as tl
+from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
 from minipaged.runtime import default_device
 from minipaged.sizing import (DTYPE_BYTES, block_bytes, blocks_in_budget,

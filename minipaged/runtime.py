@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import TypeVar
 import torch
 
 __all__ = ["has_gpu", "default_device", "by_device", "results_path",
-           "uses_triton_interpreter", "TritonImportOrderError", "add_to_class", "glue"]
+           "uses_triton_interpreter", "TritonImportOrderError", "has_triton",
+           "TritonNotInstalledError", "add_to_class", "glue"]
 
 T = TypeVar("T")
 
@@ -62,7 +64,7 @@ def _interpret_triton_language() -> int:
 
     Returns how many it rebuilt (0 when Triton came after the switch, or not at all).
     """
-    if not uses_triton_interpreter() or "triton.language" not in sys.modules:
+    if not uses_triton_interpreter() or sys.modules.get("triton.language") is None:
         return 0
     try:
         import triton
@@ -96,6 +98,56 @@ def _interpret_triton_language() -> int:
 
 
 _rebuilt_at_import = _interpret_triton_language()
+
+
+# %% chapters/00_runtime.md § Where Triton is not installed
+class TritonNotInstalledError(ImportError):
+    """A Triton kernel was launched where Triton is not installed."""
+
+
+NO_TRITON = ("Triton is not installed: `pip install triton` (Linux only; Triton has no "
+             "wheels for macOS or Windows), or use attention_backend='torch'")
+
+
+class _KernelWithoutTriton:
+    """What ``@triton.jit`` makes without Triton: the function, which cannot be launched."""
+
+    def __init__(self, fn) -> None:
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid):
+        raise TritonNotInstalledError(f"kernel {self.__name__}: {NO_TRITON}")
+
+    def __call__(self, *args, **kwargs):
+        raise TritonNotInstalledError(f"kernel {self.__name__}: {NO_TRITON}")
+
+
+class _WithoutTriton:
+    """Stands in for ``triton`` or ``triton.language``: ``jit`` works, other names raise."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def jit(self, fn=None, **options):
+        """``@triton.jit`` or ``@triton.jit(option=...)`` on a kernel that cannot launch."""
+        return self.jit if fn is None else _KernelWithoutTriton(fn)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy, pickle and inspect ask for these
+            raise AttributeError(name)
+        raise TritonNotInstalledError(f"{self.__name__}.{name}: {NO_TRITON}")
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton, tl = _WithoutTriton("triton"), _WithoutTriton("triton.language")
+
+
+def has_triton() -> bool:
+    """True when Triton is installed, so its kernels run (compiled, or interpreted)."""
+    return not isinstance(triton, _WithoutTriton)
 
 
 # %% chapters/00_runtime.md § Growing a class across cells

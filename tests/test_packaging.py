@@ -8,7 +8,8 @@ itself a venv, as `make` makes it, --system-site-packages alone would reach only
 A plain directory line in a .pth file runs none of that directory's own .pth files, so an editable
 install of minipaged there (`make` installs one) is not seen. The wheel goes in with --no-deps, so
 nothing is downloaded, and minipaged is imported with the working directory outside the repository:
-the import can only find the installed copy, which the test checks.
+the import can only find the installed copy, which the test checks. The installed copy also
+imports, every module of it, where Triton cannot be imported (as on macOS or Windows).
 """
 
 import email.parser
@@ -101,8 +102,10 @@ def test_project_urls_follow_the_repository_setting(metadata):
         f"pyproject.toml's [project.urls] should follow _config.yml's repository.url ({url})")
 
 
-def test_the_installed_wheel_imports_outside_the_repository(wheel, tmp_path):
-    env_dir = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """(python, venv folder, a folder outside the repository) with the wheel installed."""
+    env_dir = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     purelib = run(str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))")
@@ -111,8 +114,11 @@ def test_the_installed_wheel_imports_outside_the_repository(wheel, tmp_path):
     # pip of the outer environment, aimed at the new venv's interpreter
     run(sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
         "--no-index", "-q", str(wheel))
-    outside = tmp_path / "elsewhere"
-    outside.mkdir()
+    return python, env_dir, tmp_path_factory.mktemp("elsewhere")
+
+
+def test_the_installed_wheel_imports_outside_the_repository(installed):
+    python, env_dir, outside = installed
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = (
         "import minipaged, pathlib, sys\n"
@@ -128,3 +134,25 @@ def test_the_installed_wheel_imports_outside_the_repository(wheel, tmp_path):
     assert Path(location).is_relative_to(env_dir.resolve()), location
     assert not Path(location).is_relative_to(ROOT), location
     assert llm_module.startswith("minipaged.")
+
+
+def test_the_installed_wheel_imports_where_triton_is_not_installed(installed):
+    """As on macOS or Windows, where pip installs no Triton (tests/test_without_triton.py runs
+    the engine so; here the installed copy imports every module that defines kernels)."""
+    python, env_dir, outside = installed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    script = (
+        "import sys\n"
+        "sys.modules['triton'] = None   # import triton -> ImportError\n"
+        "import importlib, pathlib, pkgutil, minipaged\n"
+        "names = [m.name for m in pkgutil.iter_modules(minipaged.__path__) if m.name != '__main__']\n"
+        "for name in names:\n"
+        "    importlib.import_module(f'minipaged.{name}')\n"
+        "from minipaged.runtime import has_triton\n"
+        "print(len(names), has_triton(), pathlib.Path(minipaged.__file__).resolve())\n"
+    )
+    count, found, location = run(str(python), "-c", script, cwd=outside,
+                                 env=env).stdout.split()[-3:]
+    assert int(count) >= 20 and found == "False"
+    assert Path(location).is_relative_to(env_dir.resolve()), location

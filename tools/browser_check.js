@@ -5,8 +5,9 @@ const path = require("path");
 
 const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
-// The introduction and every chapter page: chapters after 0 must show a figure, exercises with
-// (hidden) solutions, and a Colab button to their notebook twin; math must render without errors;
+// The introduction and every chapter page: chapters after 0 (the appendices, 90 on, apart) must
+// show a figure, exercises with (hidden) solutions, and a Colab button to their notebook twin;
+// math must render without errors;
 // no code block, output, equation or other element may be wider than the column, no rendered math
 // may show a literal backslash, every figure has a caption, and every "chapter N" in the prose is
 // a link. BOOK_PAGES (a comma-separated list of page stems) checks only those pages.
@@ -16,9 +17,9 @@ const ONLY = (process.env.BOOK_PAGES || "").split(",").filter(Boolean);
 const ALL_PAGES = [{ url: "intro.html", name: "intro", math: false, figures: 0, exercises: 0 }].concat(
   chapters.map((f) => {
     const stem = f.replace(/\.html$/, "");
-    const first = stem.startsWith("00_");
+    const bare = stem.startsWith("00_") || /^9\d_/.test(stem);   // chapter 0, the appendices
     return { url: `chapters/${f}`, name: stem, math: stem.startsWith("01_"),
-             figures: first ? 0 : 1, exercises: first ? 0 : 1, colab: `notebooks/${stem}.ipynb` };
+             figures: bare ? 0 : 1, exercises: bare ? 0 : 1, colab: `notebooks/${stem}.ipynb` };
   }));
 const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL_PAGES;
 
