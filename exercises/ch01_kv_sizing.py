@@ -4,18 +4,27 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 """
 
 
-def block_bytes_all_layers(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
-                           block_size: int) -> int:
-    """Exercise 1.1: bytes of one physical block (block_size tokens) across all layers."""
-    raise NotImplementedError("Exercise 1.1: return the bytes of one block across all layers "
-                              "(edit exercises/ch01_kv_sizing.py, block_bytes_all_layers)")
+def block_growth() -> dict[str, float]:
+    """Exercise 1.1: predict, before computing, by what factor one block's bytes change.
+
+    Start from the 32-layer, 8-KV-head, head-dim-128, bf16 block of 16 tokens and change one
+    thing at a time. Return a dict with a factor for each key: ``"block_size_32"`` (16 tokens
+    to 32), ``"fp8"`` (bf16 to a 1-byte cache dtype), ``"mqa"`` (8 KV heads to 1),
+    ``"query_heads_64"`` (32 query heads to 64, KV heads unchanged), ``"layers_64"``.
+    """
+    raise NotImplementedError("Exercise 1.1: write down your predicted factors, then check them "
+                              "(edit exercises/ch01_kv_sizing.py, block_growth)")
 
 
-def max_blocks(budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
-               dtype_bytes: int, block_size: int) -> int:
-    """Exercise 1.2: how many whole blocks fit in budget_bytes."""
-    raise NotImplementedError("Exercise 1.2: return how many whole blocks fit in the budget "
-                              "(edit exercises/ch01_kv_sizing.py, max_blocks)")
+def audit_max_blocks(max_blocks) -> None:
+    """Exercise 1.2: test a block counter ``max_blocks(budget_bytes, num_layers, num_kv_heads,
+    head_dim, dtype_bytes, block_size) -> int`` (how many whole blocks fit in the budget).
+
+    Call it on budgets you choose and ``assert`` its answers: a correct counter must pass, one
+    with a mistake must make one of your assertions fail.
+    """
+    raise NotImplementedError("Exercise 1.2: probe max_blocks with budgets you choose and assert "
+                              "its answers (edit exercises/ch01_kv_sizing.py, audit_max_blocks)")
 
 
 def max_concurrent_requests(budget_bytes: int, bytes_per_token: int, context_len: int,

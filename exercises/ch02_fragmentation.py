@@ -4,10 +4,11 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 """
 
 
-def pow2_reservation(total_len: int, max_len: int) -> int:
-    """Exercise 2.1: slots Orca's Pow2 policy reserves for a request storing total_len tokens."""
-    raise NotImplementedError("Exercise 2.1: return the slots the Pow2 policy reserves "
-                              "(edit exercises/ch02_fragmentation.py, pow2_reservation)")
+def pow2_predictions() -> dict[int, int]:
+    """Exercise 2.1: predict the slots Orca's Pow2 policy reserves (L_max = 2048) for requests
+    that will store 500, 512, 513, 1025 and 2000 tokens: ``{total_len: reserved_slots}``."""
+    raise NotImplementedError("Exercise 2.1: write down the reservations you predict "
+                              "(edit exercises/ch02_fragmentation.py, pow2_predictions)")
 
 
 def single_request_token_share(prompt_len: int, output_len: int, reserved: int) -> float:
@@ -18,11 +19,14 @@ def single_request_token_share(prompt_len: int, output_len: int, reserved: int) 
                               "single_request_token_share)")
 
 
-def first_fit(holes: list[tuple[int, int]], size: int) -> int | None:
-    """Exercise 2.3: holes are (start, size) sorted by address; return the start first fit picks
-    for a request of `size` slots, or None if no hole is large enough."""
-    raise NotImplementedError("Exercise 2.3: return where first fit places the request "
-                              "(edit exercises/ch02_fragmentation.py, first_fit)")
+def first_fit_predictions() -> dict:
+    """Exercise 2.3: predict a first-fit heap of 32 slots. After ``a = allocate(8)``,
+    ``b = allocate(8)``, ``c = allocate(8)``, ``free(a)``, ``free(c)``, four more requests come:
+    ``allocate(4)``, ``allocate(10)``, ``allocate(5)``, ``allocate(5)``. Return
+    ``{"starts": [the four starts, None where a request fails], "holes": [(start, size), ...]}``,
+    the free holes at the end, sorted by address."""
+    raise NotImplementedError("Exercise 2.3: write down where first fit puts each request "
+                              "(edit exercises/ch02_fragmentation.py, first_fit_predictions)")
 
 
 from minipaged.fragmentation import FirstFitAllocator  # noqa: E402

@@ -4,16 +4,20 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 """
 
 
-def address(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
-    """Exercise 3.1: (physical block, offset) of `position` in the sequence with `block_table`."""
-    raise NotImplementedError("Exercise 3.1: return where the token at `position` lives "
-                              "(edit exercises/ch03_block_tables.py, address)")
+def counterexamples() -> dict[str, tuple[list[int], int, int]]:
+    """Exercise 3.1: for each wrong address function of the chapter's exercise ("logical",
+    "swapped", "offset_by_table"), an input ``(block_table, position, block_size)`` on which
+    it returns a different (physical block, offset) than the right one. The table holds
+    distinct block ids and covers the position."""
+    raise NotImplementedError("Exercise 3.1: find an input that exposes each wrong address "
+                              "function (edit exercises/ch03_block_tables.py, counterexamples)")
 
 
-def last_block_waste(length: int, block_size: int) -> int:
-    """Exercise 3.2: empty slots in the last block of a sequence of `length` tokens."""
-    raise NotImplementedError("Exercise 3.2: return the unused slots of the last block "
-                              "(edit exercises/ch03_block_tables.py, last_block_waste)")
+def predict_mean_waste() -> dict[int, float]:
+    """Exercise 3.2: the mean number of empty slots in the last block, over sequences of every
+    length 1, 2, ..., 4096 (one of each), for block sizes 1, 16 and 256: ``{block_size: mean}``."""
+    raise NotImplementedError("Exercise 3.2: predict the mean last-block waste "
+                              "(edit exercises/ch03_block_tables.py, predict_mean_waste)")
 
 
 def pool_is_consistent(tables: dict[str, list[int]], free: list[int], num_blocks: int) -> bool:

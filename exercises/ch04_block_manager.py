@@ -6,10 +6,15 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 from minipaged.block_manager import NoFreeBlocksError, TeachingBlockManager  # noqa: F401
 
 
-def blocks_for_step(lengths: list[int], new_tokens: list[int], block_size: int) -> int:
-    """Exercise 4.1: free blocks a step writing new_tokens[i] tokens to sequence i must reserve."""
-    raise NotImplementedError("Exercise 4.1: count the new blocks the whole step needs "
-                              "(edit exercises/ch04_block_manager.py, blocks_for_step)")
+def boundary_rule_counterexamples() -> dict[str, tuple[list[int], list[int], int]]:
+    """Exercise 4.1: the decode rule counts one new block for each sequence whose length is a
+    multiple of the block size. Return two steps ``(lengths, new_tokens, block_size)`` on which
+    it is wrong: ``"under"``, where it reserves fewer blocks than the step needs, and
+    ``"over"``, where it reserves more."""
+    raise NotImplementedError("Exercise 4.1: find a step on which the boundary rule reserves too "
+                              "few blocks, and one where it reserves too many "
+                              "(edit exercises/ch04_block_manager.py, "
+                              "boundary_rule_counterexamples)")
 
 
 class AtomicTeachingManager(TeachingBlockManager):

@@ -8,10 +8,13 @@ from collections.abc import Callable, Sequence
 HashFn = Callable[[int | None, tuple[int, ...]], int]
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, hash_fn: HashFn) -> list[int]:
-    """Exercise 6.1: chained hashes of the full blocks: h_j = hash_fn(h_{j-1}, tuple(block j)), h_{-1} = None."""
-    raise NotImplementedError("Exercise 6.1: return the chained hashes of the full blocks "
-                              "(edit exercises/ch06_prefix_caching.py, block_hashes)")
+def predict_changed_hashes() -> dict[str, list[int]]:
+    """Exercise 6.1: a prompt of the 40 tokens 0..39 at block size 8 has 5 chained block hashes.
+    For each edit, predict the indices of the hashes that change: ``"token_13"`` (token 13
+    replaced), ``"token_39"``, ``"token_0"``, ``"append_3"`` (three tokens appended) and
+    ``"swap_blocks_3_4"`` (the contents of blocks 3 and 4 exchanged)."""
+    raise NotImplementedError("Exercise 6.1: predict which block hashes each edit changes "
+                              "(edit exercises/ch06_prefix_caching.py, predict_changed_hashes)")
 
 
 def reusable_prefix_tokens(prompt: Sequence[int], cached_hashes: set[int], block_size: int,
@@ -22,10 +25,14 @@ def reusable_prefix_tokens(prompt: Sequence[int], cached_hashes: set[int], block
                               "reusable_prefix_tokens)")
 
 
-def blocks_taken(num_prompt_tokens: int, block_size: int, cached_blocks: int, unused_cached_blocks: int) -> int:
-    """Exercise 6.3: free blocks admitting a prompt (and computing the rest of it) takes."""
-    raise NotImplementedError("Exercise 6.3: return the free blocks the admission takes "
-                              "(edit exercises/ch06_prefix_caching.py, blocks_taken)")
+def predict_admissions() -> dict[str, list[int]]:
+    """Exercise 6.3: predict a prefix-caching manager. After ``A`` (the 10 tokens 0..9) is admitted and prefilled, then released, ``B`` (0..7
+    then 100..105), ``C`` (0..7 then 200) and ``D`` (0..7) are admitted and prefilled, in a pool of
+    10 blocks of 4 tokens.
+    Return ``{"reused": [prompt tokens found in the cache by A, B, C, D],
+    "free": [free blocks after A, after releasing A, after B, after C, after D]}``."""
+    raise NotImplementedError("Exercise 6.3: predict the reused tokens and the free blocks "
+                              "(edit exercises/ch06_prefix_caching.py, predict_admissions)")
 
 
 def prefix_cache_checks(manager_cls) -> None:

@@ -521,33 +521,7 @@ class StepReservation:
         return int(sum(self.num_new_tokens))
 
 
-# %% chapters/04_block_manager.md § The slot arithmetic for a whole batch
-def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
-                         first_blocks: Sequence[int],
-                         starts: Sequence[int], counts: Sequence[int],
-                         block_size: int) -> np.ndarray:
-    """Slots of ``counts[i]`` new tokens from position ``starts[i]`` of each sequence.
-
-    ``table_slices[i]`` is the part of sequence i's block table from logical block
-    ``first_blocks[i]`` on that covers its new tokens. Returns int64 slots, sequence by
-    sequence.
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64)
-    first_blocks = np.asarray(first_blocks, dtype=np.int64)
-    slice_lengths = np.fromiter((len(s) for s in table_slices), dtype=np.int64,
-                                count=len(table_slices))
-    flat = np.fromiter((b for s in table_slices for b in s), dtype=np.int64,
-                       count=int(slice_lengths.sum()))
-    slice_base = np.cumsum(slice_lengths) - slice_lengths  # slice starts in `flat`
-    row = np.repeat(np.arange(len(counts)), counts)        # each new token's sequence
-    token_base = np.cumsum(counts) - counts
-    positions = starts[row] + np.arange(int(counts.sum())) - token_base[row]
-    blocks = flat[slice_base[row] + positions // block_size - first_blocks[row]]
-    return blocks * block_size + positions % block_size
-
-
-# %% chapters/04_block_manager.md § A block-table array that persists between steps
+# %% chapters/04_block_manager.md § Making it fast
 class BlockTableArray:
     """Every live block table mirrored in one int32 array: row ``r`` holds one table.
 
@@ -592,7 +566,7 @@ class BlockTableArray:
         self._free_rows.append(row)
         table._mirror = table._row = None
 
-    # %% chapters/04_block_manager.md § A block-table array that persists between steps
+    # %% chapters/04_block_manager.md § Making it fast
     def sync(self, row: int, table: Sequence[int], start: int) -> None:
         """Row ``row`` := ``table``, rewriting entries from ``start`` on."""
         old, new = int(self.lengths[row]), len(table)
@@ -614,7 +588,7 @@ class BlockTableArray:
         return out
 
 
-# %% chapters/04_block_manager.md § A block-table array that persists between steps
+# %% chapters/04_block_manager.md § Making it fast
 class BlockTable(list):
     """A sequence's block table: a list of block ids that writes every change through to
     its row of a ``BlockTableArray`` while attached (``LiveSequences`` attaches it)."""
@@ -661,7 +635,7 @@ class BlockTable(list):
         self._sync(0)
         return self
 
-    # %% chapters/04_block_manager.md § A block-table array that persists between steps
+    # %% chapters/04_block_manager.md § Making it fast
     def pop(self, index: int = -1) -> int:
         block = super().pop(index)
         self._sync(0)
@@ -688,7 +662,7 @@ class BlockTable(list):
         self._sync(0)
 
 
-# %% chapters/04_block_manager.md § A block-table array that persists between steps
+# %% chapters/04_block_manager.md § Making it fast
 class LiveSequences(dict):
     """``seq_id -> SequenceState`` of the live sequences; every state placed in it gets
     its block table attached to a row of ``mirror``, and every state that leaves gives
@@ -744,7 +718,7 @@ class LiveSequences(dict):
         for seq_id, state in dict(*args, **kwargs).items():
             self[seq_id] = state
 
-    # %% chapters/04_block_manager.md § A block-table array that persists between steps
+    # %% chapters/04_block_manager.md § Making it fast
     def rows(self, states: Sequence[SequenceState]) -> np.ndarray:
         """The mirror rows of ``states`` (re-attaching a table replaced by a plain list)."""
         try:
@@ -779,3 +753,29 @@ class LiveSequences(dict):
         if mirror.array[sorted(free)].any():
             return "a free row of the table array is not zeroed"
         return None
+
+
+# %% chapters/04_block_manager.md § The manager on the table array
+def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
+                         first_blocks: Sequence[int],
+                         starts: Sequence[int], counts: Sequence[int],
+                         block_size: int) -> np.ndarray:
+    """Slots of ``counts[i]`` new tokens from position ``starts[i]`` of each sequence.
+
+    ``table_slices[i]`` is the part of sequence i's block table from logical block
+    ``first_blocks[i]`` on that covers its new tokens. Returns int64 slots, sequence by
+    sequence.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    first_blocks = np.asarray(first_blocks, dtype=np.int64)
+    slice_lengths = np.fromiter((len(s) for s in table_slices), dtype=np.int64,
+                                count=len(table_slices))
+    flat = np.fromiter((b for s in table_slices for b in s), dtype=np.int64,
+                       count=int(slice_lengths.sum()))
+    slice_base = np.cumsum(slice_lengths) - slice_lengths  # slice starts in `flat`
+    row = np.repeat(np.arange(len(counts)), counts)        # each new token's sequence
+    token_base = np.cumsum(counts) - counts
+    positions = starts[row] + np.arange(int(counts.sum())) - token_base[row]
+    blocks = flat[slice_base[row] + positions // block_size - first_blocks[row]]
+    return blocks * block_size + positions % block_size

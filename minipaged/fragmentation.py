@@ -532,7 +532,7 @@ def simulate(requests: list[TraceRequest], policy: str = "paged",
                             **arrays)
 
 
-# %% chapters/02_fragmentation.md § Reading a real trace
+# %% chapters/02_fragmentation.md § Reading a real trace, from the command line
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as requests (missing column, bad value)."""
 
@@ -571,7 +571,7 @@ def _find_column(header: list[str], wanted: str | None, aliases: tuple[str, ...]
     return None
 
 
-# %% chapters/02_fragmentation.md § Reading a real trace
+# %% chapters/02_fragmentation.md § Reading a real trace, from the command line
 def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
                    output_column: str | None = None, arrival_column: str | None = None,
                    rate: float | None = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -611,7 +611,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
     return requests
 
 
-# %% chapters/02_fragmentation.md § From the command line
+# %% chapters/02_fragmentation.md § Reading a real trace, from the command line
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(

@@ -1,15 +1,20 @@
 """Chapter 1 reference solutions."""
 
 
-def block_bytes_all_layers(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
-                           block_size: int) -> int:
-    return block_size * 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+def block_growth() -> dict[str, float]:
+    # bytes = block_size * 2 * layers * kv_heads * head_dim * dtype_bytes: query heads are absent
+    return {"block_size_32": 2, "fp8": 0.5, "mqa": 1 / 8, "query_heads_64": 1, "layers_64": 2}
 
 
-def max_blocks(budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
-               dtype_bytes: int, block_size: int) -> int:
-    return budget_bytes // block_bytes_all_layers(num_layers, num_kv_heads, head_dim, dtype_bytes,
-                                                  block_size)
+def audit_max_blocks(max_blocks) -> None:
+    """Boundaries and the factors of a block, with answers worked out by hand."""
+    block = 16 * 2 * 32 * 8 * 128 * 2                       # 2 MiB: the chapter's worked block
+    assert max_blocks(20 * 2**30, 32, 8, 128, 2, 16) == 10_240, "20 GiB / 2 MiB"
+    assert max_blocks(20 * 2**30 - 1, 32, 8, 128, 2, 16) == 10_239, "whole blocks only: floor"
+    assert max_blocks(block - 1, 32, 8, 128, 2, 16) == 0, "less than a block holds none"
+    assert max_blocks(3 * block // 2, 32, 8, 128, 2, 16) == 1, "1.5 blocks: one, not two"
+    assert type(max_blocks(block, 32, 8, 128, 2, 16)) is int, "a count of blocks is an int"
+    assert max_blocks(2**30, 1, 1, 64, 4, 16) == 2**30 // (16 * 2 * 64 * 4), "K and V, fp32"
 
 
 def max_concurrent_requests(budget_bytes: int, bytes_per_token: int, context_len: int,

@@ -3,13 +3,18 @@
 from collections import Counter
 
 
-def address(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
-    logical, offset = divmod(position, block_size)
-    return block_table[logical], offset
+def counterexamples() -> dict[str, tuple[list[int], int, int]]:
+    # a table that is not the identity, a block size that is not the table's length, and a
+    # position whose logical block differs from its offset
+    return {"logical": ([5, 2, 9], 6, 4),          # right: (2, 2); the logical block says (1, 2)
+            "swapped": ([5, 2, 9], 6, 4),          # the swap looks up entry 2 at offset 1: (9, 1)
+            "offset_by_table": ([5, 2, 9], 7, 4)}  # offset 7 % 3 = 1, not 7 % 4 = 3
 
 
-def last_block_waste(length: int, block_size: int) -> int:
-    return -length % block_size
+def predict_mean_waste() -> dict[int, float]:
+    # every residue of the length modulo B occurs equally often in 1..4096, and the waste runs
+    # over B - 1, ..., 1, 0: its mean is (B - 1) / 2
+    return {1: 0.0, 16: 7.5, 256: 127.5}
 
 
 def pool_is_consistent(tables: dict[str, list[int]], free: list[int], num_blocks: int) -> bool:

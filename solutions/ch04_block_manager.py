@@ -3,10 +3,11 @@
 from minipaged.block_manager import TeachingBlockManager
 
 
-def blocks_for_step(lengths: list[int], new_tokens: list[int], block_size: int) -> int:
-    def ceil(a: int) -> int:
-        return -(-a // block_size)
-    return sum(ceil(length + n) - ceil(length) for length, n in zip(lengths, new_tokens))
+def boundary_rule_counterexamples() -> dict[str, tuple[list[int], list[int], int]]:
+    # several tokens in one step can cross more than one boundary, or start inside a block and
+    # cross one; a sequence on a boundary that gets no token this step needs nothing
+    return {"under": ([5], [8], 4),     # positions 5..12 touch blocks 2 and 3: 2 new, rule 0
+            "over": ([4, 6], [0, 1], 4)}  # the first sequence waits: 0 new, rule 1
 
 
 class AtomicTeachingManager(TeachingBlockManager):

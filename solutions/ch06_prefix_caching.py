@@ -5,28 +5,30 @@ from collections.abc import Callable, Sequence
 HashFn = Callable[[int | None, tuple[int, ...]], int]
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, hash_fn: HashFn) -> list[int]:
-    hashes: list[int] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        hashes.append(hash_fn(hashes[-1] if hashes else None, tuple(token_ids[start:start + block_size])))
-    return hashes
+def predict_changed_hashes() -> dict[str, list[int]]:
+    # a hash covers its block and, through the chain, every block before it
+    return {"token_13": [1, 2, 3, 4], "token_39": [4], "token_0": [0, 1, 2, 3, 4],
+            "append_3": [], "swap_blocks_3_4": [3, 4]}
 
 
 def reusable_prefix_tokens(prompt: Sequence[int], cached_hashes: set[int], block_size: int,
                            hash_fn: HashFn) -> int:
-    if not prompt:
-        return 0
-    limit = (len(prompt) - 1) // block_size
-    reused = 0
-    for h in block_hashes(prompt, block_size, hash_fn)[:limit]:
-        if h not in cached_hashes:
+    limit = max(len(prompt) - 1, 0) // block_size        # the last prompt token is computed
+    parent, reused = None, 0
+    for j in range(limit):
+        parent = hash_fn(parent, tuple(prompt[j * block_size:(j + 1) * block_size]))
+        if parent not in cached_hashes:
             break
         reused += 1
     return reused * block_size
 
 
-def blocks_taken(num_prompt_tokens: int, block_size: int, cached_blocks: int, unused_cached_blocks: int) -> int:
-    return unused_cached_blocks + -(-num_prompt_tokens // block_size) - cached_blocks
+def predict_admissions() -> dict[str, list[int]]:
+    # A takes 3 blocks and finds nothing; released, its 2 full blocks stay cached among the 10
+    # free ones. B finds them (8 tokens): 2 revived from the free queue + 2 new. C finds the same
+    # 8 tokens, held by B (free of charge), + 1 new. D is exactly 8 cached tokens: the last one is
+    # computed, so it reuses one block and takes a new one for tokens 4..7.
+    return {"reused": [0, 8, 8, 4], "free": [7, 10, 6, 5, 4]}
 
 
 def _prefill(m, seq, prompt) -> int:

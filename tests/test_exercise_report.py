@@ -24,8 +24,8 @@ def test_untouched_stubs_are_not_yet_and_exit_0():
     assert "Chapter 1. How big is the KV cache?" in out and "Chapter 3" not in out
     assert "0 of 4 solved" in out and "WRONG" not in out
     # the stub's message says what to do, and where
-    assert "1.2   not yet  return how many whole blocks fit in the budget" in out
-    assert "edit exercises/ch01_kv_sizing.py, max_blocks" in out
+    assert "1.3   not yet  return how many requests fit in the budget" in out
+    assert "edit exercises/ch01_kv_sizing.py, max_concurrent_requests" in out
     assert "0 of 4 exercises solved, 4 not yet, 0 wrong.  Next: exercise 1.1." in out
     assert "planted" not in out   # the checkers' self-tests are not in the learner's report
 
@@ -38,27 +38,29 @@ def test_solutions_are_solved():
 
 def test_a_wrong_answer_is_an_error_with_a_hint(tmp_path):
     answers = (ROOT / "solutions" / CH01).read_text()
-    answers += ("\n\ndef max_blocks(*args, **kwargs):\n    return 0\n"
-                "\n\ndef max_concurrent_requests(*args, **kwargs):\n"
-                "    raise NotImplementedError('Exercise 1.3: return how many requests fit "
-                "(edit exercises/ch01_kv_sizing.py, max_concurrent_requests)')\n")
+    answers += ("\n\ndef max_concurrent_requests(*args, **kwargs):\n    return 0\n"
+                "\n\ndef audit_max_blocks(max_blocks):\n"
+                "    raise NotImplementedError('Exercise 1.2: probe max_blocks with budgets you "
+                "choose (edit exercises/ch01_kv_sizing.py, audit_max_blocks)')\n")
     (tmp_path / CH01).write_text(answers)
     code, out = report("--answers", str(tmp_path), "1")
     assert code == 1, out
     lines = out.splitlines()
     assert any(line.startswith("  1.1   solved") for line in lines), out
-    wrong = lines.index(next(line for line in lines if line.startswith("  1.2   WRONG")))
-    assert "max_blocks" in lines[wrong]
-    assert "check test_1_2_max_blocks  (tests/exercises/test_ch01_kv_sizing.py:" in lines[wrong + 1]
-    assert "ex.max_blocks(" in lines[wrong + 2]                     # the check: what was expected
+    wrong = lines.index(next(line for line in lines if line.startswith("  1.3   WRONG")))
+    assert "max_concurrent_requests" in lines[wrong]
+    assert ("check test_1_3_max_concurrent_requests  (tests/exercises/test_ch01_kv_sizing.py:"
+            in lines[wrong + 1])
+    assert "ex.max_concurrent_requests(" in lines[wrong + 2]         # the check: what was expected
     assert lines[wrong + 3].strip().startswith("got   assert 0 ==")  # what it got
-    assert any(line.startswith("  1.3   not yet  return how many requests fit") for line in lines)
+    assert any(line.startswith("  1.2   not yet  probe max_blocks with budgets you choose")
+               for line in lines)
     assert ("2 of 4 exercises solved, 1 not yet, 1 wrong.  "
             "Fix the WRONG ones first (exit status 1).") in out
 
 
 def test_an_answers_file_that_does_not_import_is_an_error(tmp_path):
-    (tmp_path / CH01).write_text("def max_blocks(:\n")
+    (tmp_path / CH01).write_text("def block_growth(:\n")
     code, out = report("--answers", str(tmp_path), "1")
     assert code == 1, out
     assert f"{tmp_path / CH01} does not load" in out and "SyntaxError" in out

@@ -1,6 +1,7 @@
 """Checks for the chapter 1 exercises (exercises/ch01_kv_sizing.py)."""
 
 import pytest
+import torch
 
 from minipaged.sizing import kv_bytes_per_token_from_config, kv_shape_from_config
 from tests.exercises.answers import load
@@ -9,16 +10,72 @@ ex = load("ch01_kv_sizing")
 GiB = 1 << 30
 
 
-def test_1_1_block_bytes():
-    assert ex.block_bytes_all_layers(32, 8, 128, 2, 16) == 2 * 1024 * 1024  # the worked example
-    assert ex.block_bytes_all_layers(80, 8, 128, 2, 32) == 32 * 320 * 1024
-    assert ex.block_bytes_all_layers(28, 8, 128, 1, 1) == 57344
+def _block_nbytes(num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                  block_size=16, num_query_heads=32):
+    """The bytes of one block, measured: K and V of every layer, as meta tensors (no memory)."""
+    del num_query_heads                      # the cache stores K and V only
+    return sum(torch.empty(block_size, num_kv_heads, head_dim, dtype=dtype,
+                           device="meta").nbytes for _ in range(num_layers) for _kv in "KV")
 
 
-def test_1_2_max_blocks():
-    assert ex.max_blocks(20 * GiB, 32, 8, 128, 2, 16) == 10_240  # 10,240 blocks: the worked answer
-    assert ex.max_blocks(20 * GiB - 1, 32, 8, 128, 2, 16) == 10_239  # whole blocks only
-    assert ex.max_blocks(0, 32, 8, 128, 2, 16) == 0
+def test_1_1_block_growth():
+    base = _block_nbytes()
+    measured = {"block_size_32": _block_nbytes(block_size=32) / base,
+                "fp8": _block_nbytes(dtype=torch.float8_e4m3fn) / base,
+                "mqa": _block_nbytes(num_kv_heads=1) / base,
+                "query_heads_64": _block_nbytes(num_query_heads=64) / base,
+                "layers_64": _block_nbytes(num_layers=64) / base}
+    predicted = ex.block_growth()
+    assert set(predicted) == set(measured), f"predict each of {sorted(measured)}"
+    for key, factor in measured.items():
+        assert predicted[key] == pytest.approx(factor), \
+            f"{key}: you predicted {predicted[key]}, the block changes by {factor}"
+
+
+# Exercise 1.2: correct block counters must pass the audit; ones with a planted mistake must not.
+def _block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size):
+    return block_size * 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def counter_floor(budget, *shape):
+    return budget // _block(*shape)
+
+
+def counter_divmod(budget, *shape):
+    whole, _ = divmod(budget, _block(*shape))
+    return int(whole)
+
+
+def counter_ceil(budget, *shape):
+    return -(-budget // _block(*shape))
+
+
+def counter_round(budget, *shape):
+    return round(budget / _block(*shape))
+
+
+def counter_true_division(budget, *shape):
+    return budget / _block(*shape)
+
+
+def counter_keys_only(budget, num_layers, num_kv_heads, head_dim, dtype_bytes, block_size):
+    return budget // (block_size * num_layers * num_kv_heads * head_dim * dtype_bytes)
+
+
+def counter_two_bytes(budget, num_layers, num_kv_heads, head_dim, dtype_bytes, block_size):
+    return budget // _block(num_layers, num_kv_heads, head_dim, 2, block_size)
+
+
+@pytest.mark.parametrize("counter", [counter_floor, counter_divmod])
+def test_1_2_audit_passes_a_correct_counter(counter):
+    ex.audit_max_blocks(counter)
+
+
+@pytest.mark.parametrize("buggy", [counter_ceil, counter_round, counter_true_division,
+                                   counter_keys_only, counter_two_bytes])
+def test_1_2_audit_catches_a_planted_mistake(buggy):
+    with pytest.raises(AssertionError):
+        ex.audit_max_blocks(buggy)
 
 
 def test_1_3_max_concurrent_requests():

@@ -8,13 +8,20 @@ from tests.exercises.answers import load
 ex = load("ch02_fragmentation")
 
 
-def test_2_1_pow2_reservation():
-    assert ex.pow2_reservation(500, 2048) == 512
-    assert ex.pow2_reservation(1025, 2048) == 2048
-    assert ex.pow2_reservation(512, 2048) == 512 and ex.pow2_reservation(513, 2048) == 1024
-    assert ex.pow2_reservation(1, 2048) == 1 and ex.pow2_reservation(3000, 2048) == 2048
-    for n in range(1, 2049, 7):
-        assert ex.pow2_reservation(n, 2048) == reservation_tokens("pow2", n, 2048)
+def _pow2_by_doubling(total_len, max_len):
+    reserved = 1
+    while reserved < total_len and reserved < max_len:
+        reserved *= 2
+    return min(reserved, max_len)
+
+
+def test_2_1_pow2_predictions():
+    predicted = ex.pow2_predictions()
+    lengths = (500, 512, 513, 1025, 2000)
+    assert sorted(predicted) == list(lengths), f"predict the reservation for each of {lengths}"
+    for n in lengths:
+        assert predicted[n] == _pow2_by_doubling(n, 2048), \
+            f"{n} tokens: you predicted {predicted[n]} slots, Pow2 reserves {_pow2_by_doubling(n, 2048)}"
 
 
 @pytest.mark.parametrize("policy", ["max", "pow2", "oracle"])
@@ -31,19 +38,31 @@ def test_2_2_seed_numbers():
     assert ex.single_request_token_share(100, 300, 400) == pytest.approx(0.625)
 
 
-def test_2_3_first_fit():
-    holes = [(0, 3), (10, 4), (20, 8)]
-    assert [ex.first_fit(holes, n) for n in (4, 5, 9, 3, 8)] == [10, 20, None, 0, 20]
-    assert ex.first_fit([], 1) is None
+def _first_fit_model(capacity, ops):
+    """First fit, slot by slot: a list of booleans, scanned from address 0 for a free run."""
+    used, regions, starts = [False] * capacity, {}, []
+    for name, arg in ops:
+        if name == "free":
+            start, size = regions.pop(arg)
+            used[start:start + size] = [False] * size
+            continue
+        start = next((s for s in range(capacity - arg + 1) if not any(used[s:s + arg])), None)
+        if start is not None:
+            used[start:start + arg] = [True] * arg
+            regions[name] = (start, arg)
+        starts.append(start)
+    return starts, _model_holes(used)
 
 
-def test_2_3_first_fit_agrees_with_the_allocator():
-    heap = FirstFitAllocator(40)
-    starts = [heap.allocate(n) for n in (3, 5, 4, 6, 8, 2)]
-    for start in starts[1::2]:
-        heap.free(start)
-    for size in range(1, 10):
-        assert ex.first_fit(heap.holes(), size) == heap.allocate(size)
+def test_2_3_first_fit_predictions():
+    ops = [("a", 8), ("b", 8), ("c", 8), ("free", "a"), ("free", "c"),
+           ("d", 4), ("e", 10), ("f", 5), ("g", 5)]
+    starts, holes = _first_fit_model(32, ops)
+    predicted = ex.first_fit_predictions()
+    assert list(predicted["starts"]) == starts[3:], \
+        f"you predicted starts {list(predicted['starts'])}, first fit gives {starts[3:]}"
+    assert [tuple(h) for h in predicted["holes"]] == holes, \
+        f"you predicted holes {predicted['holes']}, first fit leaves {holes}"
 
 
 # -- 2.4: best fit, checked against a slot-by-slot model; planted bugs must fail the check ------

@@ -4,29 +4,63 @@ import random
 
 import pytest
 
-from minipaged.block_table import block_size_sweep, last_block_waste, physical_address
 from minipaged.fragmentation import generate_workload
 from tests.exercises.answers import load
 
 ex = load("ch03_block_tables")
 
 
-def test_3_1_address():
-    table = [5, 2, 9]
-    assert [tuple(ex.address(table, t, 4)) for t in (0, 6, 11)] == [(5, 0), (2, 2), (9, 3)]
-    slots = [ex.address(table, t, 4)[0] * 4 + ex.address(table, t, 4)[1] for t in (0, 6, 11)]
-    assert slots == [20, 10, 39]
-    assert tuple(ex.address([7, 1], 6, 4)) == (1, 2)
-    for t in range(12):
-        assert tuple(ex.address(table, t, 4)) == tuple(physical_address(table, t, 4))
+# Exercise 3.1: the wrong address functions, and the check that an input exposes one.
+WRONG_ADDRESS = {
+    "logical": lambda table, t, B: (t // B, t % B),                       # no table lookup
+    "swapped": lambda table, t, B: (table[t % B], t // B),                # divide and modulo swapped
+    "offset_by_table": lambda table, t, B: (table[t // B], t % len(table)),  # modulo the table
+}
 
 
-def test_3_2_last_block_waste():
-    assert ex.last_block_waste(10, 4) == 2
-    assert ex.last_block_waste(12, 4) == 0 and ex.last_block_waste(9, 4) == 3
-    for length in range(0, 100):
-        for block_size in (1, 3, 16):
-            assert ex.last_block_waste(length, block_size) == last_block_waste(length, block_size)
+def exposes(name, example):
+    """An AssertionError unless ``example`` is a valid input on which bug ``name`` is wrong."""
+    table, position, block_size = example
+    assert len(set(table)) == len(table) and all(b >= 0 for b in table), \
+        f"{name}: the block table must hold distinct block ids, got {table}"
+    assert block_size >= 1 and 0 <= position < len(table) * block_size, \
+        f"{name}: position {position} is not covered by {len(table)} blocks of {block_size}"
+    right = (table[position // block_size], position % block_size)
+    try:
+        wrong = tuple(WRONG_ADDRESS[name](table, position, block_size))
+    except IndexError:
+        return                                   # the bug crashes on it: exposed too
+    assert wrong != right, f"{name} gives the right answer {right} on {example}: pick another"
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_ADDRESS))
+def test_3_1_counterexamples(name):
+    examples = ex.counterexamples()
+    assert name in examples, f"give an input for each of {sorted(WRONG_ADDRESS)}"
+    exposes(name, examples[name])
+
+
+@pytest.mark.grader
+@pytest.mark.parametrize("name,example", [
+    ("logical", ([0, 1, 2], 6, 4)),        # the identity table hides a missing lookup
+    ("swapped", ([5, 2, 9], 0, 4)),        # position 0: t // B == t % B == 0
+    ("offset_by_table", ([5, 2, 9], 6, 3)),  # B equal to the table's length
+    ("logical", ([5, 2, 9], 12, 4)),       # not covered by the table
+    ("swapped", ([5, 5, 9], 6, 4)),        # not distinct block ids
+])
+def test_3_1_the_check_rejects_inputs_that_expose_nothing(name, example):
+    with pytest.raises(AssertionError):
+        exposes(name, example)
+
+
+def test_3_2_predict_mean_waste():
+    predicted = ex.predict_mean_waste()
+    for block_size in (1, 16, 256):
+        wastes = [(block_size - n % block_size) % block_size for n in range(1, 4097)]
+        mean = sum(wastes) / len(wastes)
+        assert block_size in predicted, f"predict the mean waste for block size {block_size}"
+        assert predicted[block_size] == pytest.approx(mean), \
+            f"block size {block_size}: you predicted {predicted[block_size]}, the mean is {mean}"
 
 
 def test_3_3_pool_is_consistent():
@@ -47,7 +81,7 @@ CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def grade_block_size(lengths, answer, max_waste, max_table):
     """None if ``answer`` is a defensible choice, else the reason it is not."""
     block_size, numbers = answer
-    rows = {r["block_size"]: r for r in block_size_sweep(lengths, CANDIDATES)}
+    rows = {b: {"block_size": b, **_numbers(lengths, b)} for b in CANDIDATES}
     if block_size not in rows:
         return f"{block_size} is not a power of two from 1 to 256"
     row = rows[block_size]
@@ -66,8 +100,11 @@ def _lengths(name, seed=0):
 
 
 def _numbers(lengths, block_size):
-    row = block_size_sweep(lengths, [block_size])[0]
-    return {"waste_share": row["waste_share"], "mean_table_len": row["mean_table_len"]}
+    """Waste share and mean table length, counted here (not with the chapter's sweep)."""
+    entries = [-(-n // block_size) for n in lengths]
+    allocated = block_size * sum(entries)
+    return {"waste_share": (allocated - sum(lengths)) / allocated,
+            "mean_table_len": sum(entries) / len(entries)}
 
 
 def test_3_4_choose_block_size():

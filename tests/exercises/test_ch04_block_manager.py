@@ -8,12 +8,50 @@ from tests.exercises.answers import load
 ex = load("ch04_block_manager")
 
 
-def test_4_1_blocks_for_step():
-    assert ex.blocks_for_step([4, 6, 8, 3], [1, 1, 1, 1], 4) == 2
-    assert ex.blocks_for_step([0], [1], 16) == 1
-    assert ex.blocks_for_step([0], [0], 16) == 0
-    assert ex.blocks_for_step([5, 0], [11, 33], 4) == 2 + 9
-    assert ex.blocks_for_step([], [], 4) == 0
+def boundary_rule(lengths, new_tokens, block_size):
+    """The decode rule: one new block for each sequence whose length is a multiple of B."""
+    return sum(1 for length in lengths if length % block_size == 0)
+
+
+def blocks_needed(lengths, new_tokens, block_size):
+    """New blocks a step needs, counted position by position: the blocks its new tokens touch
+    that the sequence does not hold yet."""
+    total = 0
+    for length, n in zip(lengths, new_tokens):
+        held = set(range(-(-length // block_size)))
+        total += len({pos // block_size for pos in range(length, length + n)} - held)
+    return total
+
+
+def misleads(kind, step):
+    lengths, new_tokens, block_size = step
+    assert block_size >= 1 and len(lengths) == len(new_tokens) >= 1, f"{kind}: not a step: {step}"
+    assert all(n >= 0 for n in lengths) and all(n >= 0 for n in new_tokens), \
+        f"{kind}: lengths and new tokens are counts: {step}"
+    rule, need = boundary_rule(*step), blocks_needed(*step)
+    if kind == "under":
+        assert rule < need, f"on {step} the rule reserves {rule} and the step needs {need}"
+    else:
+        assert rule > need, f"on {step} the rule reserves {rule} and the step needs {need}"
+
+
+@pytest.mark.parametrize("kind", ["under", "over"])
+def test_4_1_boundary_rule_counterexamples(kind):
+    steps = ex.boundary_rule_counterexamples()
+    assert kind in steps, "return a step for 'under' and one for 'over'"
+    misleads(kind, steps[kind])
+
+
+@pytest.mark.grader
+@pytest.mark.parametrize("kind,step", [
+    ("under", ([4, 6, 8, 3], [1, 1, 1, 1], 4)),   # one token each: the rule is exact
+    ("over", ([4, 6, 8, 3], [1, 1, 1, 1], 4)),
+    ("under", ([4], [4], 4)),                      # one boundary crossed: the rule is right
+    ("over", ([4], [0], 0)),                       # not a step: block size 0
+])
+def test_4_1_the_check_rejects_steps_where_the_rule_holds(kind, step):
+    with pytest.raises(AssertionError):
+        misleads(kind, step)
 
 
 # Exercise 4.2 is graded by injected failures: the free list's k-th pop raises, for every k the

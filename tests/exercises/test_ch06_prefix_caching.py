@@ -6,34 +6,62 @@ from tests.exercises.answers import load
 ex = load("ch06_prefix_caching")
 
 
-def test_6_1_block_hashes():
-    tokens = list(range(10))
-    hashes = ex.block_hashes(tokens, 4, chained_block_hash)
-    assert len(hashes) == 2                                        # the partial third block has none
-    assert hashes[0] == chained_block_hash(None, (0, 1, 2, 3))
-    assert hashes[1] == chained_block_hash(hashes[0], (4, 5, 6, 7))
-    changed = ex.block_hashes(tokens[:5] + [99] + tokens[6:], 4, chained_block_hash)
-    assert changed[0] == hashes[0] and changed[1] != hashes[1]
-    assert ex.block_hashes([], 4, chained_block_hash) == []
-    tag = ex.block_hashes([1, 2, 3, 4], 2, lambda parent, block: (parent or 0) * 10 + sum(block))
-    assert tag == [3, 37]                                          # the chain really uses the parent
+def chain(tokens, block_size, hash_fn=chained_block_hash):
+    """The chained hashes of the full blocks, computed here."""
+    hashes = []
+    for j in range(len(tokens) // block_size):
+        hashes.append(hash_fn(hashes[-1] if hashes else None,
+                              tuple(tokens[j * block_size:(j + 1) * block_size])))
+    return hashes
+
+
+def test_6_1_predict_changed_hashes():
+    tokens = list(range(40))
+    edits = {"token_13": tokens[:13] + [99] + tokens[14:], "token_39": tokens[:39] + [99],
+             "token_0": [99] + tokens[1:], "append_3": tokens + [1, 2, 3],
+             "swap_blocks_3_4": tokens[:24] + tokens[32:] + tokens[24:32]}
+    before = chain(tokens, 8, lambda parent, block: hash((parent, block)))
+    predicted = ex.predict_changed_hashes()
+    for name, edited in edits.items():
+        after = chain(edited, 8, lambda parent, block: hash((parent, block)))
+        changed = [j for j in range(len(before)) if after[j] != before[j]]
+        assert name in predicted, f"predict the changed hashes for each of {sorted(edits)}"
+        assert sorted(predicted[name]) == changed, \
+            f"{name}: you predicted hashes {sorted(predicted[name])} change, {changed} do"
 
 
 def test_6_2_reusable_prefix_tokens():
     prefix = list(range(32))
-    cached = set(ex.block_hashes(prefix, 16, chained_block_hash))
+    cached = set(chain(prefix, 16))
     assert ex.reusable_prefix_tokens(prefix, cached, 16, chained_block_hash) == 16
     assert ex.reusable_prefix_tokens(prefix + [5], cached, 16, chained_block_hash) == 32
     assert ex.reusable_prefix_tokens([1] + prefix[1:] + [5], cached, 16, chained_block_hash) == 0
     assert ex.reusable_prefix_tokens(prefix[:16] + [0] * 17, cached, 16, chained_block_hash) == 16
     assert ex.reusable_prefix_tokens([], cached, 16, chained_block_hash) == 0
+    tag = lambda parent, block: (parent or 0) * 10 + sum(block)   # noqa: E731  (uses the parent)
+    assert ex.reusable_prefix_tokens([1, 2, 3, 4, 5], {3, 37}, 2, tag) == 4
+    assert ex.reusable_prefix_tokens([1, 2, 3, 4, 5], {3, 7}, 2, tag) == 2
 
 
-def test_6_3_blocks_taken():
-    assert ex.blocks_taken(40, 16, 2, 0) == 1
-    assert ex.blocks_taken(40, 16, 2, 2) == 3
-    assert ex.blocks_taken(40, 16, 0, 0) == 3
-    assert ex.blocks_taken(16, 16, 0, 0) == 1
+def test_6_3_predict_admissions():
+    from minipaged.prefix_cache import PrefixCachingBlockManager
+
+    m, reused, free = PrefixCachingBlockManager(10, 4), [], []
+    prompts = {"A": list(range(10)), "B": list(range(8)) + list(range(100, 106)),
+               "C": list(range(8)) + [200], "D": list(range(8))}
+    for seq, prompt in prompts.items():
+        cached = m.allocate_prompt(seq, prompt)
+        m.commit_step(m.reserve_step({seq: len(prompt) - cached}))
+        reused.append(cached)
+        free.append(m.num_free_blocks)
+        if seq == "A":
+            m.release_sequence("A")
+            free.append(m.num_free_blocks)
+    predicted = ex.predict_admissions()
+    assert list(predicted["reused"]) == reused, \
+        f"you predicted {list(predicted['reused'])} reused tokens; the manager reuses {reused}"
+    assert list(predicted["free"]) == free, \
+        f"you predicted {list(predicted['free'])} free blocks; the manager has {free}"
 
 
 # Exercise 6.4: the learner's checks must pass on the real manager and fail on each planted bug.

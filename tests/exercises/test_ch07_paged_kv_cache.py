@@ -1,7 +1,10 @@
 """Checks for the chapter 7 exercises (exercises/ch07_paged_kv_cache.py)."""
 
+import contextlib
+
 import pytest
 import torch
+from triton.runtime.jit import KernelInterface
 
 from minipaged.kv_cache import PagedKVCache
 from minipaged.runtime import default_device
@@ -61,8 +64,54 @@ def check_v0_writer(fn):
         assert torch.equal(got_v, want_v), f"V differs ({dtype}, D={head_dim})"
 
 
+@contextlib.contextmanager
+def triton_launches(swallow: bool):
+    """Count the Triton kernel launches ``kernel[grid](...)`` made inside the block; with
+    ``swallow``, launch nothing (so only what PyTorch code writes reaches memory)."""
+    launches = []
+    original = KernelInterface.__getitem__
+
+    def launch(kernel, grid):
+        run = original(kernel, grid)
+
+        def counted(*args, **kwargs):
+            launches.append(kernel)
+            return None if swallow else run(*args, **kwargs)
+        return counted
+
+    KernelInterface.__getitem__ = launch
+    try:
+        yield launches
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+def check_writes_in_triton(fn):
+    """The writer launches a Triton kernel, and without its launches the caches stay as they were:
+    every element it writes is written by a kernel, none by PyTorch indexing."""
+    def caches():
+        return (torch.full((6, 3, 4, 4, 8), -7.0, dtype=torch.float16, device=DEVICE),
+                torch.full((6, 3, 32, 4), -7.0, dtype=torch.float16, device=DEVICE))
+
+    key = torch.randn(5, 3, 32, dtype=torch.float16).to(DEVICE)
+    slots = torch.arange(5, device=DEVICE)
+    with triton_launches(swallow=False) as launches:
+        fn(*caches(), key, key.clone(), slots)
+    assert launches, "write_kv_v0 launched no Triton kernel: write it as a @triton.jit kernel"
+    k_cache, v_cache = caches()
+    with triton_launches(swallow=True):
+        fn(k_cache, v_cache, key, key.clone(), slots)
+    assert bool((k_cache == -7).all() and (v_cache == -7).all()), \
+        "with its Triton launches skipped write_kv_v0 still wrote the cache: the writes must happen " \
+        "in the kernel, not in PyTorch code around it"
+
+
 def test_7_2_write_kv_v0():
     check_v0_writer(ex.write_kv_v0)
+
+
+def test_7_2_the_writes_happen_in_a_triton_kernel():
+    check_writes_in_triton(ex.write_kv_v0)
 
 
 def planted(k_index, v_index):
@@ -106,3 +155,25 @@ def test_7_2_the_grader_rejects_planted_bugs(bug):
 @pytest.mark.grader
 def test_7_2_the_grader_accepts_a_correct_pytorch_writer():
     check_v0_writer(planted(k_right, v_right))
+
+
+def _nhd_kernel_then_permute(key_cache, value_cache, key, value, slots):
+    """Launches the chapter's NHD kernel into a scratch cache, then permutes it with PyTorch."""
+    from minipaged.kv_cache import PagedKVCache as Cache
+    blocks, heads, _, block_size, x = key_cache.shape
+    scratch = Cache(1, blocks, block_size, heads, value_cache.shape[2], dtype=key_cache.dtype,
+                    device=key_cache.device)
+    scratch.write(0, key, value, slots, check_slots=False)
+    k, v = to_v0(scratch.key_cache(0), scratch.value_cache(0))
+    written = (slots >= 0) & (slots < blocks * block_size)
+    for slot in slots[written].tolist():      # copy only the written tokens, as a kernel would
+        b, o = divmod(slot, block_size)
+        key_cache[b, :, :, o] = k[b, :, :, o]
+        value_cache[b, :, :, o] = v[b, :, :, o]
+
+
+@pytest.mark.grader
+@pytest.mark.parametrize("writer", [planted(k_right, v_right), _nhd_kernel_then_permute])
+def test_7_2_the_grader_rejects_writes_outside_a_kernel(writer):
+    with pytest.raises(AssertionError):
+        check_writes_in_triton(writer)
