@@ -247,11 +247,17 @@ def main(argv=None) -> int:
                            "prompt_len": [100, 1024], "max_tokens": args.max_tokens,
                            "ignore_eos": args.ignore_eos, "greedy": True, "model": args.model_spec},
               "engine_options": ENGINE_OPTIONS, "max_concurrency": 256}
+    path = out / (args.result_name or f"serve_{'h200' if on_gpu else 'cpu'}.json")
+
+    def save() -> None:  # after every phase: a run cut short keeps what it measured
+        path.write_text(json.dumps(record, indent=1) + "\n")
+
     if not args.skip_inprocess:
         row = inprocess_row(args.num_requests, args.max_tokens)
         record["inprocess"] = row
         print(f"in-process: {row.get('tok_per_s', 0):,.0f} out tok/s, TPOT p50 "
               f"{row.get('p50_tpot_s')} s", flush=True)
+        save()
     requests = course_requests(args.num_requests, 0, args.vocab_size, output_len=args.max_tokens)
     rates = None if args.rates is None else [float(r) for r in args.rates.split(",")]
     sweep_requests = args.sweep_requests or args.num_requests
@@ -273,22 +279,24 @@ def main(argv=None) -> int:
         record["server"] = {"command": " ".join(command[1:]), "started_here": True}
         with running_server(command, base_url, out / "serve_server.log", args.ready_timeout):
             record |= measure(base_url)
+    save()
     if args.budgets:
         if not (args.budget_rate or record["saturated"]):
             raise SystemExit("--budgets with --skip-served needs --budget-rate")
         rate = args.budget_rate or 0.75 * record["saturated"]["request_throughput"]
         record["budget_rate"] = rate
-        record["budget_sweep"] = budget_sweep(
-            args.model_spec, [int(b) for b in args.budgets.split(",")], requests[:sweep_requests],
-            rate, args.run_timeout, args.ignore_eos, args.client_processes, out,
-            args.ready_timeout)
+        record["budget_sweep"] = []
+        for budget in (int(b) for b in args.budgets.split(",")):
+            record["budget_sweep"] += budget_sweep(
+                args.model_spec, [budget], requests[:sweep_requests], rate, args.run_timeout,
+                args.ignore_eos, args.client_processes, out, args.ready_timeout)
+            save()
     inprocess = record.get("inprocess", {})
     saturated = record["saturated"] or {"completed": 0, "failed": 0}
     if inprocess.get("tok_per_s") and saturated["completed"]:
         record["served_over_inprocess_throughput"] = (record["saturated"]["output_throughput"]
                                                       / inprocess["tok_per_s"])
-    path = out / (args.result_name or f"serve_{'h200' if on_gpu else 'cpu'}.json")
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    save()
     print(f"highest rate within p99 TTFT <= 1 s, p99 TPOT <= 50 ms: "
           f"{record['highest_rate_within_slo']} req/s; wrote {path}")
     ok = saturated["failed"] == 0 and "error" not in inprocess

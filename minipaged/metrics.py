@@ -47,6 +47,7 @@ class ServerMetrics:
                                ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
         self._gauges = [m.labels(*name) for m in (self.running, self.waiting, self.kv_usage)]
+        self._tokens = self.generation_tokens.labels(*name)  # labels() takes a lock: once
         self._seen = {"preemptions": 0, "queries": 0, "hits": 0}
         self.recent_ttft: deque[float] = deque(maxlen=64)  # for the dashboard
         self.recent_tpot: deque[float] = deque(maxlen=64)
@@ -71,8 +72,8 @@ class ServerMetrics:
             if value > self._seen[key]:  # counters only grow
                 counter.labels(name).inc(value - self._seen[key])
             self._seen[key] = value
+        self._tokens.inc(sum(d.num_new_tokens for update in progress for d in update.deltas))
         for update in progress:
-            self.generation_tokens.labels(name).inc(sum(d.num_new_tokens for d in update.deltas))
             if update.finished:
                 self._finished(update)
 
