@@ -57,8 +57,8 @@ def test_round_trip_cache_with_per_slot_scales_emulates_the_fp8_cache(tiny):
                                                           row_store(per_slot)), seq, 12)
         exact = teacher_forced(paged, RoundTripKVCache(paged, blocks, 16,
                                                        row_store(lambda x: x)), seq, 12)
-    to_kernel = (kernel - emulated).norm(-1) / kernel.norm(-1)
-    to_exact = (exact - emulated).norm(-1) / exact.norm(-1)
+    to_kernel = (kernel - emulated).norm(dim=-1) / kernel.norm(dim=-1)
+    to_exact = (exact - emulated).norm(dim=-1) / exact.norm(dim=-1)
     assert to_kernel.max() < 1e-3 < to_exact[:, 1:].min()  # the emulation is fp8, not fp32
 
 
