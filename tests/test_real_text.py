@@ -105,7 +105,8 @@ def test_fp8_on_smollm2_keys_per_slot_beats_per_tensor_on_the_outlier_layer(smol
 def test_chats_sharing_a_system_prompt_hit_the_prefix_cache(smollm2):
     hf, tokenizer = smollm2
     system = ("You are the teaching assistant of a course on serving language models. "
-              "Answer every question in one short sentence.")
+              "Answer every question in one short sentence, in plain words, and say so "
+              "when you do not know.")
     chats = [list(tokenizer.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": q}],
         add_generation_prompt=True, return_dict=False))
