@@ -607,3 +607,114 @@ def logit_agreement(logits: torch.Tensor, reference: torch.Tensor) -> dict:
             .float().mean().item(),
             "logit distance (median)": distance.median().item(),
             "logit distance (max)": distance.max().item()}
+
+
+# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
+from minipaged.qwen3 import apply_rope, rope_cos_sin
+
+
+class RoundTripKVCache(PagedKVCache):
+    """A full-precision paged cache that keeps what a storage scheme would read back.
+
+    Every key and value written goes through ``store(layer, kind, x)`` first (``kind``
+    is ``"key"`` or ``"value"``, ``x`` fp32 ``[N, H_kv, D]``), and attention (PyTorch's)
+    reads the result in fp32: an emulation of a quantized cache, or a recorder."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, store) -> None:
+        c = model.config
+        super().__init__(c.num_hidden_layers, num_blocks, block_size,
+                         c.num_key_value_heads, c.head_dim, torch.float32, model.device)
+        self.store = store
+        self.attention_backend = "torch"
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
+              slot_mapping: torch.Tensor, check_slots: bool | None = None) -> None:
+        """Store ``store(layer, "key", key)`` and ``store(layer, "value", value)``."""
+        super().write(layer, self.store(layer, "key", key.float()),
+                      self.store(layer, "value", value.float()), slot_mapping,
+                      check_slots)
+
+
+def row_store(scheme):
+    """A ``store`` that applies a per-row scheme of ``SCHEMES`` to every write."""
+    return lambda layer, kind, x: scheme(x)
+
+
+class CalibratedStore:
+    """vLLM's on-the-fly per-tensor scale, per layer and kind: amax / 448 of the first
+    ``calibration_tokens`` rows of the first write, fixed from then on."""
+
+    def __init__(self, calibration_tokens: int = 64) -> None:
+        self.calibration_tokens = calibration_tokens
+        self.scales: dict[tuple[int, str], torch.Tensor] = {}
+
+    def __call__(self, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor:
+        if (layer, kind) not in self.scales:
+            amax = x[:self.calibration_tokens].abs().max()
+            self.scales[layer, kind] = amax / FP8_MAX
+        return fp8_round_trip(x, self.scales[layer, kind])
+
+
+# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
+def attention_inputs(model, token_ids: list[int]) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer, the queries, keys and values ``[T, H, D]`` (fp32) a paged model
+    attends with over ``token_ids``: after QK-norm and RoPE, keys and values as its
+    cache stores them. One prefill into a fresh recording cache."""
+    n, written, queries, hooks = len(token_ids), {}, {}, []
+
+    def record(layer, kind, x):
+        written[layer, kind] = x
+        return x
+
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        source = attn.q_norm if attn.q_norm is not None else attn.q_proj
+        hooks.append(source.register_forward_hook(
+            lambda module, args, out, i=i: queries.__setitem__(i, out.detach())))
+    blocks = blocks_needed(n, 16)
+    try:
+        batch = ForwardBatch.from_sequences([list(token_ids)], [0], [list(range(blocks))],
+                                            16, model.device)
+        with torch.no_grad():
+            model(batch, RoundTripKVCache(model, blocks, 16, record))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    cos, sin = rope_cos_sin(torch.arange(n, device=model.device), model.inv_freq,
+                            torch.float32)
+    heads, dim = model.config.num_attention_heads, model.config.head_dim
+    return [(apply_rope(queries[i].float().view(n, heads, dim), cos, sin),
+             written[i, "key"], written[i, "value"])
+            for i in range(model.config.num_hidden_layers)]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of every position, q [T, Hq, D] over k, v [T, Hkv, D]."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, 1).transpose(0, 1) for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v,
+                                                           is_causal=True)
+    return out.transpose(0, 1)
+
+
+def channel_ratio(x: torch.Tensor) -> float:
+    """Largest over median per-channel amax of ``x`` [T, H, D], heads pooled."""
+    amax = x.reshape(-1, x.shape[-1]).abs().amax(0)
+    return (amax.max() / amax.median()).item()
+
+
+def real_key_errors(layers, schemes: dict | None = None) -> list[dict]:
+    """Per layer of ``attention_inputs``: the key and value channel ratios, the three
+    largest key channels, and each scheme's attention-output error against fp32."""
+    rows = []
+    for index, (q, k, v) in enumerate(layers):
+        exact = causal_attention(q, k, v)
+        amax = k.reshape(-1, k.shape[-1]).abs().amax(0)
+        row = {"layer": index, "key ratio": channel_ratio(k),
+               "value ratio": channel_ratio(v), "top key channels": amax.topk(3)
+               .indices.tolist()}
+        for name, scheme in (schemes or SCHEMES).items():
+            out = causal_attention(q, scheme(k), scheme(v))
+            row[name] = ((out - exact).norm() / exact.norm()).item()
+        rows.append(row)
+    return rows
