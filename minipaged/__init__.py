@@ -138,6 +138,7 @@ _ELSEWHERE = {
     "fp32_precision": "decode_attention",
     "device_sm_count": "decode_attention",
     "split_ranges": "decode_attention",
+    "range_of_split": "decode_attention",
     "tiny_qwen3_config": "qwen3",
     "qwen3_0_6b_config": "qwen3",
     "random_qwen3": "qwen3",

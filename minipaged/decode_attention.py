@@ -42,6 +42,7 @@ __all__ = [
     "fp32_precision",
     "device_sm_count",
     "split_ranges",
+    "range_of_split",
 ]
 
 
@@ -203,6 +204,17 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 @triton.jit
+def range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE: tl.constexpr):
+    """Positions ``[start, end)`` of split ``split`` of sequence ``b``: its length cut
+    in ``num_splits`` ranges of whole granules, none shorter than ``min_split``."""
+    length = tl.load(lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
+    per_split = tl.maximum(per_split, min_split)
+    start = split * per_split
+    return start, tl.minimum(length, start + per_split)
+
+
+@triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
         scale_log2, min_split, num_splits, group,
@@ -214,13 +226,7 @@ def _paged_decode_kernel(
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length = tl.load(lens_ptr + b)
-    # this sequence's range: its length cut in num_splits whole granules, >= min_split
-    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
-    per_split = tl.maximum(per_split, min_split)
-    start = split * per_split
-    end = tl.minimum(length, start + per_split)
-
+    start, end = range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE)
     heads, row_ok, m, l, result = attend_group(   # a split with no token: 0, l = 0
         q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
         scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,

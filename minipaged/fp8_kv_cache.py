@@ -17,7 +17,8 @@ import triton.language as tl
 
 from minipaged.block_table import blocks_needed
 from minipaged.decode_attention import (PagedAttentionError, check_decode_inputs,
-                                        decode_launch_config, launch_decode, split_plan)
+                                        decode_launch_config, launch_decode,
+                                        range_of_split, split_plan)
 from minipaged.kv_cache import (KVCacheError, PagedKVCache, copy_blocks_between,
                                 copy_blocks_kernel, block_pairs)
 from minipaged.qwen3 import ForwardBatch
@@ -448,11 +449,8 @@ def _fp8_decode_kernel(
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
-    per_split = tl.maximum(per_split, min_split)
-    start = split * per_split  # this sequence's own range, as in chapter 8
-    end = tl.minimum(length, start + per_split)
+    # this sequence's own range, as in chapter 8
+    start, end = range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE)
     rows, dims = tl.arange(0, GROUP_PAD), tl.arange(0, DIM_PAD)
     row_ok = rows < group
     heads = kv_head * group + rows
