@@ -306,7 +306,7 @@ class RaggedCase(Case):
 
 def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dict]:
     """Ragged batches: the package's split rule against cutting like the longest sequence."""
-    from minipaged.decode_attention import _split_plan, paged_attention_reference
+    from minipaged.decode_attention import paged_attention_reference, split_plan
 
     rows = []
     sizes = RAGGED_SIZES[1:2] if quick else RAGGED_SIZES
@@ -322,8 +322,8 @@ def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dic
             err = rel_err(case.ours()[:4], ref)
             assert err < 2e-2, f"paged_attention disagrees with the reference: {err:.2e}"
             max_tokens = case.tables.shape[1] * 16
-            splits, _, granule, _ = _split_plan(batch, case.cache, d, max_tokens,
-                                                case.query.device, None, None)
+            plan = split_plan(case.query, case.cache, case.tables)
+            splits, granule = plan.num_splits, plan.granule
             longest = decode_attention.split_ranges(max_tokens, splits, granule)[0]
             variants = {"per-sequence ranges (package)": {},
                         "ranges of the longest sequence": {"num_splits": splits,
@@ -367,7 +367,7 @@ def bench_graph(fn) -> float:
 def balanced_rows(quick: bool = False, log=print) -> dict:
     """Ragged and uniform batches: chapter 8's split-KV against the work split by tokens."""
     from minipaged.decode_attention import paged_attention_reference
-    from minipaged.fast_engine import balanced_paged_attention, plan_decode_work
+    from minipaged.balanced_decode import balanced_paged_attention, plan_decode_work
 
     copy = COPY_TBPS * 1e12
     ragged = []

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,16 +26,21 @@ __all__ = [
     "DECODE_ATTENTION",
     "PagedAttentionError",
     "choose_num_splits",
-    # shared with the later decode kernels (chapters 12 and 13)
+    # the launcher that the later decode kernels plug into (chapter 12, the appendix)
+    "launch_decode",
+    "DecodePlan",
+    "SplitPlan",
+    "split_plan",
+    "check_decode_inputs",
+    "check_block_tables",
+    "decode_output",
     "attend_group",
     "merge_splits_kernel",
     "decode_launch_config",
     "fp32_precision",
     "device_sm_count",
     "split_ranges",
-    "check_decode_inputs",
-    "check_block_tables",
-    "decode_output",
+    "range_of_split",
 ]
 
 
@@ -195,6 +202,17 @@ def _paged_attention_v1(query: torch.Tensor, cache: PagedKVCache, layer: int,
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 @triton.jit
+def range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE: tl.constexpr):
+    """Positions ``[start, end)`` of split ``split`` of sequence ``b``: its length cut
+    in ``num_splits`` ranges of whole granules, none shorter than ``min_split``."""
+    length = tl.load(lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
+    per_split = tl.maximum(per_split, min_split)
+    start = split * per_split
+    return start, tl.minimum(length, start + per_split)
+
+
+@triton.jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_out_ptr, part_ml_ptr,
         scale_log2, min_split, num_splits, group,
@@ -206,13 +224,7 @@ def _paged_decode_kernel(
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length = tl.load(lens_ptr + b)
-    # this sequence's range: its length cut in num_splits whole granules, >= min_split
-    per_split = tl.cdiv(tl.cdiv(length, num_splits), GRANULE) * GRANULE
-    per_split = tl.maximum(per_split, min_split)
-    start = split * per_split
-    end = tl.minimum(length, start + per_split)
-
+    start, end = range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE)
     heads, row_ok, m, l, result = attend_group(   # a split with no token: 0, l = 0
         q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
         scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
@@ -287,37 +299,103 @@ def split_ranges(length: int, num_splits: int, granule: int,
 
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
-def _split_plan(batch: int, cache: PagedKVCache, head_dim: int, max_tokens: int,
-                device: torch.device, num_splits: int | None, min_split: int | None
-                ) -> tuple[int, int, int, tuple[int, int, int]]:
-    """(splits to launch, shortest range, granule, (tile, warps, stages))."""
+class DecodePlan(Protocol):
+    """How a decode launch spreads its work, as ``launch_decode`` reads it."""
+
+    grid: tuple[int, ...]   # the programs: (sequences or work items, KV heads, ...)
+    partials: int           # partial results per query head (0: programs write out)
+    config: tuple           # the kernel's (tile, warps, stages, ...)
+
+    def kernel_args(self, seq_lens: torch.Tensor) -> dict:
+        """The plan's own arguments of the kernel, by parameter name."""
+
+    def merge(self, part_out: torch.Tensor, part_ml: torch.Tensor,
+              out: torch.Tensor) -> None:
+        """Combine the partial results into ``out``."""
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Split-KV, a ``DecodePlan``: each sequence cut by its own length into at most
+    ``num_splits`` ranges of whole ``granule`` tokens, none shorter than ``min_split``;
+    one program per (sequence, KV head, split)."""
+
+    batch: int
+    num_kv_heads: int
+    num_splits: int
+    min_split: int
+    granule: int
+    config: tuple
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.batch, self.num_kv_heads, self.num_splits
+
+    @property
+    def partials(self) -> int:
+        """One partial result per (sequence, split); none without a split."""
+        return self.batch * self.num_splits if self.num_splits > 1 else 0
+
+    def kernel_args(self, seq_lens: torch.Tensor) -> dict:
+        return dict(lens_ptr=seq_lens, min_split=self.min_split,
+                    num_splits=self.num_splits, GRANULE=self.granule,
+                    SPLIT=self.num_splits > 1)
+
+    def merge(self, part_out: torch.Tensor, part_ml: torch.Tensor,
+              out: torch.Tensor) -> None:
+        merge_splits_kernel[(out.shape[0], out.shape[1])](
+            part_out, part_ml, out, out.stride(0), out.stride(1), self.num_splits,
+            SPLITS_PAD=triton.next_power_of_2(self.num_splits), HEAD_DIM=out.shape[2],
+            DIM_PAD=part_out.shape[-1])
+
+
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
+def split_plan(query: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor,
+               num_splits: int | None = None, min_split: int | None = None,
+               configs: tuple[tuple, tuple] | None = None, programs_per_sm: int = 2,
+               block_aligned: bool = True) -> SplitPlan:
+    """The split of a decode launch over ``block_tables`` (their width bounds a length).
+
+    ``num_splits`` None: chosen for about ``programs_per_sm`` programs per SM, and
+    ``min_split`` 256 tokens; given: ``min_split`` defaults to one granule. ``configs``
+    are the kernel's (tile, warps, stages, ...) without and with a split (default:
+    ``decode_launch_config``'s). Ranges start at multiples of the tile, and with
+    ``block_aligned`` of the block size too (the tile walk's contiguous path).
+    """
+    batch, max_tokens = query.shape[0], block_tables.shape[1] * cache.block_size
+    if configs is None:
+        configs = tuple(decode_launch_config(cache.head_dim, query.device, split)
+                        for split in (False, True))
     chosen = num_splits is None
     if chosen:
-        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, device)
-    config = decode_launch_config(head_dim, device, num_splits > 1)
-    granule = max(config[0], cache.block_size)
+        num_splits = choose_num_splits(batch, cache.num_kv_heads, max_tokens, query.device,
+                                       programs_per_sm=programs_per_sm)
+    config = configs[1] if num_splits > 1 else configs[0]
+    granule = max(config[0], cache.block_size) if block_aligned else config[0]
     if min_split is None:
         min_split = 256 if chosen else granule
     min_split = ceil_div(max(min_split, 1), granule) * granule
     _, num_splits = split_ranges(max_tokens, num_splits, granule, min_split)
-    return num_splits, min_split, granule, config
+    return SplitPlan(batch, cache.num_kv_heads, num_splits, min_split, granule, config)
 
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def check_decode_inputs(query: torch.Tensor, cache: PagedKVCache, layer: int,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits."""
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        match_dtype: bool = True) -> None:
+    """Raise ``PagedAttentionError`` (``KVCacheError`` for the layer) on misfits; with
+    ``match_dtype`` the query must have the cache's dtype."""
     if query.dim() != 3:
         raise PagedAttentionError(f"query must be [batch, num_heads, head_dim], "
                                   f"got {list(query.shape)}")
     batch, num_heads, head_dim = query.shape
     if head_dim != cache.head_dim:
-        raise PagedAttentionError(f"query head_dim {head_dim} != cache head_dim "
-                                  f"{cache.head_dim}")
+        raise PagedAttentionError(f"query must be [batch, num_heads, {cache.head_dim}] "
+                                  f"(the cache's head_dim), got {list(query.shape)}")
     if num_heads % cache.num_kv_heads:
         raise PagedAttentionError(f"{num_heads} query heads are not a multiple of the "
                                   f"cache's {cache.num_kv_heads} KV heads")
-    if query.dtype != cache.dtype:
+    if match_dtype and query.dtype != cache.dtype:
         raise PagedAttentionError(f"query is {query.dtype} but the cache holds "
                                   f"{cache.dtype}")
     if (block_tables.dim() != 2 or block_tables.shape[0] != batch
@@ -377,6 +455,57 @@ def decode_output(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
 
 
 # %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
+def launch_decode(kernel, query: torch.Tensor, cache: PagedKVCache,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor, plan: DecodePlan, *,
+                  scale: float | None = None, out: torch.Tensor | None = None,
+                  check_tables: bool | None = None,
+                  compute_dtype: torch.dtype | None = None, **kernel_args) -> torch.Tensor:
+    """Run the decode ``kernel`` over ``plan``: the host side all decode kernels share.
+
+    The caller has checked the arguments (``check_decode_inputs``) and planned from
+    them. This checks the tables' values when ``check_tables`` (default: ``seq_lens`` on
+    the CPU), makes or checks ``out``, gives the query (in ``compute_dtype``, if given)
+    and the tables unit last strides, makes the partial buffers, launches ``kernel`` on
+    ``plan.grid`` with the arguments every decode kernel takes, ``plan.kernel_args`` and
+    ``kernel_args`` (all by name), and merges.
+    """
+    if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
+        check_block_tables(cache, block_tables, seq_lens)
+    out = decode_output(query, out)
+    batch, num_heads, head_dim = query.shape
+    if batch == 0:
+        return out
+    if compute_dtype is not None:
+        query = query.to(compute_dtype)
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    dim_pad = triton.next_power_of_2(head_dim)
+    part_out = part_ml = out                # unused without partial results
+    if plan.partials:
+        rows = plan.partials * num_heads
+        part_out = torch.empty(rows, dim_pad, dtype=torch.float32, device=query.device)
+        part_ml = torch.empty(rows, 2, dtype=torch.float32, device=query.device)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    group = num_heads // cache.num_kv_heads
+    tile, num_warps, num_stages = plan.config[:3]
+    stride_block, stride_token, stride_head = cache.strides()
+    kernel[plan.grid](
+        q_ptr=query, tables_ptr=block_tables, out_ptr=out, part_out_ptr=part_out,
+        part_ml_ptr=part_ml, scale_log2=scale * 1.4426950408889634, group=group,
+        stride_qb=query.stride(0), stride_qh=query.stride(1), stride_ob=out.stride(0),
+        stride_oh=out.stride(1), stride_table=block_tables.stride(0),
+        stride_block=stride_block, stride_token=stride_token, stride_head=stride_head,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
+        FP32_PRECISION=fp32_precision(query.dtype), num_warps=num_warps,
+        num_stages=num_stages, **plan.kernel_args(seq_lens), **kernel_args)
+    if plan.partials:
+        plan.merge(part_out, part_ml, out)
+    return out
+
+
+# %% chapters/08_paged_attention.md § Version 2: split-KV, when the batch is too small
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     scale: float | None = None, num_splits: int | None = None,
@@ -397,43 +526,10 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
     ``PagedAttentionError``.
     """
     check_decode_inputs(query, cache, layer, block_tables, seq_lens)
-    if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
-        check_block_tables(cache, block_tables, seq_lens)
-    out = decode_output(query, out)
-    batch, num_heads, head_dim = query.shape
-    if batch == 0:
-        return out
-    query = query if query.stride(-1) == 1 else query.contiguous()
-    if block_tables.stride(-1) != 1:
-        block_tables = block_tables.contiguous()
-    device, max_tokens = query.device, block_tables.shape[1] * cache.block_size
-    num_splits, min_split, granule, (tile, num_warps, num_stages) = _split_plan(
-        batch, cache, head_dim, max_tokens, device, num_splits, min_split)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    dim_pad = triton.next_power_of_2(head_dim)
-    part_out = part_ml = out                # unused without a split
-    if num_splits > 1:
-        parts = (batch, num_heads, num_splits)
-        part_out = torch.empty(*parts, dim_pad, dtype=torch.float32, device=device)
-        part_ml = torch.empty(*parts, 2, dtype=torch.float32, device=device)
-    stride_block, stride_token, stride_head = cache.strides()
-    _paged_decode_kernel[(batch, cache.num_kv_heads, num_splits)](
-        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
-        out, part_out, part_ml, scale * 1.4426950408889634, min_split, num_splits,
-        num_heads // cache.num_kv_heads, query.stride(0), query.stride(1),
-        out.stride(0), out.stride(1), block_tables.stride(0),
-        stride_block, stride_token, stride_head,
-        GROUP_PAD=max(16, triton.next_power_of_2(num_heads // cache.num_kv_heads)),
-        HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
-        GRANULE=granule, SPLIT=num_splits > 1,
-        FP32_PRECISION=fp32_precision(query.dtype),
-        num_warps=num_warps, num_stages=num_stages)
-    if num_splits > 1:
-        merge_splits_kernel[(batch, num_heads)](
-            part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad)
-    return out
+    plan = split_plan(query, cache, block_tables, num_splits, min_split)
+    return launch_decode(_paged_decode_kernel, query, cache, block_tables, seq_lens, plan,
+                         scale=scale, out=out, check_tables=check_tables,
+                         k_ptr=cache.key_cache(layer), v_ptr=cache.value_cache(layer))
 
 
 # %% chapters/08_paged_attention.md § The same operation in PyTorch, for a CPU

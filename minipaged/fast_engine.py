@@ -17,18 +17,13 @@ host's work with the GPU's.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipaged.decode_attention import (PagedAttentionError, attend_group,
-                                        check_decode_inputs, check_block_tables, fp32_precision,
-                                        decode_launch_config, device_sm_count, decode_output)
 from minipaged.engine import StepLoop
 from minipaged.fp8_kv_cache import Fp8PagedKVCache
 from minipaged.kv_cache import PagedKVCache
@@ -38,7 +33,6 @@ from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 from minipaged.sampler import Sampler
 from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
-from minipaged.sizing import ceil_div
 
 __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",
@@ -46,8 +40,7 @@ __all__ = [
     "PrefillPlan", "prefill_tiles", "reads_pool_directly", "paged_prefill_attention",
     "FastQwen3Attention", "FastQwen3MLP", "FastQwen3Layer", "FastQwen3Model",
     "as_fast_model", "FusedSampler", "serves_mixed_batches", "OverlapScheduler",
-    "OverlapStepLoop", "UNRESOLVED", "DecodeWork", "work_chunk", "plan_decode_work",
-    "balanced_paged_attention",
+    "OverlapStepLoop", "UNRESOLVED",
 ]
 
 
@@ -823,174 +816,3 @@ class OverlapStepLoop(StepLoop):
         request that is finished and holds no placeholder any more."""
         self.ready += self.engine.finish(done, complete=lambda request: not any(
             s.output_token_ids and s.output_token_ids[-1] == UNRESOLVED for s in request.seqs))
-
-
-# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
-@dataclass(frozen=True)
-class DecodeWork:
-    """A decode batch cut into work items of at most ``chunk`` tokens.
-
-    ``items [W, 4]`` int32 holds (sequence, start, end, direct) per item; a sequence
-    cut into one item is ``direct`` (its program writes the output, no merge).
-    ``first_item [B + 1]`` int32: sequence ``b``'s items are
-    ``first_item[b]:first_item[b + 1]``. ``config`` is the kernel's (tile, warps,
-    stages); ``block_size`` the cache's it was planned for.
-    """
-
-    items: torch.Tensor
-    first_item: torch.Tensor
-    chunk: int
-    any_split: bool
-    config: tuple[int, int, int]
-    block_size: int
-
-
-def work_chunk(total_tokens: int, num_kv_heads: int, num_sms: int, granule: int,
-               programs_per_sm: int = 4, min_chunk: int = 128) -> int:
-    """Tokens per item: the batch's tokens over ``programs_per_sm`` programs per SM
-    (each item runs one program per KV head), in whole granules, at least
-    ``min_chunk``."""
-    items = max(1, programs_per_sm * num_sms // num_kv_heads)
-    chunk = ceil_div(ceil_div(max(total_tokens, 1), items), granule) * granule
-    return max(chunk, ceil_div(min_chunk, granule) * granule)
-
-
-# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
-def plan_decode_work(seq_lens, cache: PagedKVCache, device=None,
-                     programs_per_sm: int = 4, min_chunk: int = 128,
-                     num_sms: int | None = None) -> DecodeWork:
-    """Cut each sequence of ``seq_lens`` (host integers) into chunks of equal tokens.
-
-    The chunk spreads the batch's tokens over about ``programs_per_sm`` programs per
-    SM (``num_sms``, default: the device's); a length 0 gets one empty item, so its
-    output is zeros.
-    """
-    lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
-    if lens.size and lens.min() < 0:
-        raise PagedAttentionError(f"seq_lens must be >= 0, got {int(lens.min())}")
-    device = cache.storage.device if device is None else torch.device(device)
-    split_config = decode_launch_config(cache.head_dim, device, split=True)
-    granule = max(split_config[0], cache.block_size)
-    chunk = work_chunk(int(lens.sum()), cache.num_kv_heads, num_sms or device_sm_count(device),
-                       granule, programs_per_sm, min_chunk)
-    counts = np.maximum(1, -(-lens // chunk))
-    first = np.zeros(lens.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=first[1:])
-    seq = np.repeat(np.arange(lens.size), counts)
-    start = (np.arange(first[-1]) - first[seq]) * chunk
-    end = np.minimum(start + chunk, lens[seq])
-    items = np.stack([seq, start, end, counts[seq] == 1], axis=1)
-    packed = torch.from_numpy(np.concatenate([items.ravel(), first]).astype(np.int32))
-    packed = packed.to(device)                      # one host-to-device copy
-    any_split = bool(counts.max(initial=1) > 1)
-    config = split_config if any_split else decode_launch_config(cache.head_dim, device, False)
-    return DecodeWork(packed[:items.size].view(-1, 4), packed[items.size:], chunk,
-                      any_split, config, cache.block_size)
-
-
-# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
-@triton.jit
-def _balanced_decode_kernel(
-        q_ptr, k_ptr, v_ptr, tables_ptr, items_ptr, out_ptr, part_out_ptr, part_ml_ptr,
-        scale_log2, group, stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
-        stride_block, stride_token, stride_head,
-        GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, FP32_PRECISION: tl.constexpr):
-    item = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1).to(tl.int64)
-    b = tl.load(items_ptr + 4 * item).to(tl.int64)
-    start = tl.load(items_ptr + 4 * item + 1)
-    end = tl.load(items_ptr + 4 * item + 2)
-    direct = tl.load(items_ptr + 4 * item + 3)
-    heads, row_ok, m, l, result = attend_group(        # an empty item: zeros
-        q_ptr, k_ptr, v_ptr, tables_ptr + b * stride_table, b, kv_head, group, start, end,
-        scale_log2, stride_qb, stride_qh, stride_block, stride_token, stride_head,
-        GROUP_PAD, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE, FP32_PRECISION)
-    dims = tl.arange(0, DIM_PAD)
-    out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    if direct != 0:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                 result.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:                                               # item slot [W, Hq]
-        part = item * group * tl.num_programs(1) + heads
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], result,
-                 mask=out_mask)
-        tl.store(part_ml_ptr + 2 * part, m, mask=row_ok)
-        tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
-
-
-# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
-@triton.jit
-def _merge_items_kernel(first_ptr, part_out_ptr, part_ml_ptr, out_ptr, stride_ob,
-                        stride_oh, ITEMS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        DIM_PAD: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    first = tl.load(first_ptr + b)
-    last = tl.load(first_ptr + b + 1)
-    if last - first > 1:
-        dims = tl.arange(0, DIM_PAD)
-        m_run = -float("inf")
-        l_run = 0.0
-        acc = tl.zeros([DIM_PAD], dtype=tl.float32)
-        for group_start in range(first, last, ITEMS):
-            items = group_start + tl.arange(0, ITEMS)
-            ok = items < last
-            part = items.to(tl.int64) * tl.num_programs(1) + h
-            m = tl.load(part_ml_ptr + 2 * part, mask=ok, other=-float("inf"))
-            l = tl.load(part_ml_ptr + 2 * part + 1, mask=ok, other=0.0)
-            partial = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :],
-                              mask=ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
-            m_new = tl.maximum(m_run, tl.max(m, axis=0))   # finite: items are not empty
-            alpha = tl.exp2(m_run - m_new)
-            weight = tl.where(ok, tl.exp2(m - m_new) * l, 0.0)
-            acc = acc * alpha + tl.sum(weight[:, None] * partial, axis=0)
-            l_run = l_run * alpha + tl.sum(weight, axis=0)
-            m_run = m_new
-        tl.store(out_ptr + b * stride_ob + h * stride_oh + dims,
-                 (acc / l_run).to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
-
-
-# %% chapters/13_fast_engine.md § Ragged batches: the work split by tokens
-def balanced_paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
-                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                             work: DecodeWork, scale: float | None = None,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
-    """Chapter 8's ``paged_attention`` with the work split by tokens: ``work`` is
-    ``plan_decode_work`` of the same lengths (on the host) and cache."""
-    check_decode_inputs(query, cache, layer, block_tables, seq_lens)
-    batch, num_heads, head_dim = query.shape
-    if work.first_item.numel() != batch + 1 or work.block_size != cache.block_size:
-        raise PagedAttentionError(
-            f"the work plan is for {work.first_item.numel() - 1} sequences at block size "
-            f"{work.block_size}, the batch has {batch} at {cache.block_size}")
-    if seq_lens.device.type == "cpu":
-        check_block_tables(cache, block_tables, seq_lens)
-    out = decode_output(query, out)
-    if batch == 0:
-        return out
-    query = query if query.stride(-1) == 1 else query.contiguous()
-    if block_tables.stride(-1) != 1:
-        block_tables = block_tables.contiguous()
-    dim_pad = triton.next_power_of_2(head_dim)
-    part_out = part_ml = out                  # unused when no sequence is split
-    if work.any_split:
-        slots = (work.items.shape[0], num_heads)
-        part_out = torch.empty(*slots, dim_pad, dtype=torch.float32, device=query.device)
-        part_ml = torch.empty(*slots, 2, dtype=torch.float32, device=query.device)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    group = num_heads // cache.num_kv_heads
-    tile, num_warps, num_stages = work.config
-    _balanced_decode_kernel[(work.items.shape[0], cache.num_kv_heads)](
-        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, work.items,
-        out, part_out, part_ml, scale * 1.4426950408889634, group, query.stride(0),
-        query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        *cache.strides(), GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=cache.block_size, TILE=tile,
-        FP32_PRECISION=fp32_precision(query.dtype), num_warps=num_warps,
-        num_stages=num_stages)
-    if work.any_split:
-        _merge_items_kernel[(batch, num_heads)](
-            work.first_item, part_out, part_ml, out, out.stride(0), out.stride(1),
-            ITEMS=16, HEAD_DIM=head_dim, DIM_PAD=dim_pad)
-    return out

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from typing import Iterable, NamedTuple
 
 import torch
@@ -15,13 +14,13 @@ import torch
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
 from minipaged.block_table import blocks_needed
-from minipaged.decode_attention import (PagedAttentionError, check_block_tables,
-                                        decode_launch_config, merge_splits_kernel,
-                                        split_ranges, choose_num_splits)
+from minipaged.decode_attention import (PagedAttentionError, check_decode_inputs,
+                                        decode_launch_config, launch_decode,
+                                        range_of_split, split_plan)
 from minipaged.kv_cache import (KVCacheError, PagedKVCache, copy_blocks_between,
                                 copy_blocks_kernel, block_pairs)
 from minipaged.qwen3 import ForwardBatch
-from minipaged.sizing import block_bytes, ceil_div
+from minipaged.sizing import block_bytes
 
 __all__ = [
     "FP8_DTYPE", "FP8_MAX", "Fp8PagedKVCache", "fp8_supported",
@@ -264,88 +263,31 @@ class Fp8PagedKVCache(PagedKVCache):
     # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
-                        num_splits: int | None = None,
-                        check_tables: bool | None = None) -> torch.Tensor:
+                        num_splits: int | None = None, check_tables: bool | None = None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
         """Chapter 8's ``paged_attention`` over this cache: e4m3 K/V dequantized on load,
-        scores and sums in fp32. ``query`` is fp32, fp16 or bf16."""
-        self._check_query(query, layer, block_tables, seq_lens)
-        if check_tables if check_tables is not None else seq_lens.device.type == "cpu":
-            check_block_tables(self, block_tables, seq_lens)
-        out = torch.empty_like(query)
-        batch, num_heads, head_dim = query.shape
-        if batch == 0:
-            return out
-        if query.device.type == "cpu":    # the interpreter: fp16/bf16 arithmetic is unsafe
-            query = query.float()
-        query = query if query.stride(-1) == 1 else query.contiguous()
-        block_tables = block_tables.contiguous()
-        device, max_tokens = query.device, block_tables.shape[1] * self.block_size
-        launch = _fp8_launch_config(head_dim, device, False, query.dtype)
-        chosen = num_splits is None
-        if chosen:                          # aim at the programs an SM holds
-            num_splits = choose_num_splits(batch, self.num_kv_heads, max_tokens, device,
-                                           programs_per_sm=launch.programs_per_sm)
-        if num_splits > 1:
-            launch = _fp8_launch_config(head_dim, device, True, query.dtype)
-        tile = launch.tile
-        min_split = ceil_div(256, tile) * tile if chosen else tile  # as chapter 8's
-        _, num_splits = split_ranges(max_tokens, num_splits, tile, min_split)
-        dim_pad = triton.next_power_of_2(head_dim)
-        part_out = part_ml = out                # unused without a split
-        if num_splits > 1:
-            parts = (batch, num_heads, num_splits)
-            part_out = torch.empty(*parts, dim_pad, dtype=torch.float32, device=device)
-            part_ml = torch.empty(*parts, 2, dtype=torch.float32, device=device)
-        group = num_heads // self.num_kv_heads
-        fp32 = query.dtype == torch.float32
-        _fp8_decode_kernel[(batch, self.num_kv_heads, num_splits)](
-            query, self.key_cache(layer), self.value_cache(layer).view(torch.int16),
-            self.scales[layer, 0],
-            self.scales[layer, 1], block_tables, seq_lens, out, part_out, part_ml,
-            (head_dim ** -0.5 if scale is None else scale) * math.log2(math.e), min_split,
-            num_splits, group, query.stride(0), query.stride(1), out.stride(0),
-            out.stride(1),
-            block_tables.stride(0), *self.strides(), *self.scale_strides(),
-            GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad, BLOCK_SIZE=self.block_size, TILE=tile, SPLIT=num_splits > 1,
-            DOT_DTYPE=launch.dot_dtype,
-            FP32_PRECISION="ieee" if fp32 else None, INTERPRETED=device.type != "cuda",
-            num_warps=launch.warps, num_stages=launch.stages,
-            **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
-        if num_splits > 1:
-            merge_splits_kernel[(batch, num_heads)](
-                part_out, part_ml, out, out.stride(0), out.stride(1), num_splits,
-                SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-                DIM_PAD=dim_pad)
-        return out
-
-    # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
-    def _check_query(self, query, layer, block_tables, seq_lens) -> None:
-        """Chapter 8's argument checks, except that the query keeps the model's dtype."""
-        if (query.dim() != 3 or query.shape[2] != self.head_dim
-                or query.shape[1] % self.num_kv_heads):
-            raise PagedAttentionError(f"query must be [batch, k * {self.num_kv_heads}, "
-                                      + f"{self.head_dim}], got {list(query.shape)}")
+        scores and sums in fp32. ``query`` is fp32, fp16 or bf16, and so is the result."""
         if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise PagedAttentionError(f"query must be fp32/fp16/bf16, got {query.dtype}")
         if self.head_dim % 2:
             raise PagedAttentionError(f"the kernel reads values in pairs of bytes: "
                                       + f"head_dim must be even, got {self.head_dim}")
-        batch = query.shape[0]
-        if (block_tables.dim() != 2 or block_tables.shape[0] != batch
-                or block_tables.dtype != torch.int32):
-            raise PagedAttentionError(f"block_tables must be int32 [batch={batch}, "
-                                      + f"max_blocks], got {block_tables.dtype} "
-                                      + f"{list(block_tables.shape)}")
-        if seq_lens.shape != (batch,) or seq_lens.dtype != torch.int32:
-            raise PagedAttentionError(f"seq_lens must be int32 [batch={batch}], got "
-                                      + f"{seq_lens.dtype} {list(seq_lens.shape)}")
-        for name, tensor in (("query", query), ("block_tables", block_tables),
-                             ("seq_lens", seq_lens)):
-            if tensor.device != self.storage.device:
-                raise PagedAttentionError(f"{name} is on {tensor.device}, the cache on "
-                                          + f"{self.storage.device}")
-        self._layer(layer)
+        check_decode_inputs(query, self, layer, block_tables, seq_lens, match_dtype=False)
+        device = query.device
+        configs = tuple(_fp8_launch_config(self.head_dim, device, split, query.dtype)
+                        for split in (False, True))
+        plan = split_plan(query, self, block_tables, num_splits, configs=configs,
+                          programs_per_sm=configs[0].programs_per_sm, block_aligned=False)
+        launch, interpreted = plan.config, device.type != "cuda"
+        return launch_decode(  # the interpreter's fp16 and bf16 arithmetic is unsafe: fp32
+            _fp8_decode_kernel, query, self, block_tables, seq_lens, plan, scale=scale,
+            out=out, check_tables=check_tables,
+            compute_dtype=torch.float32 if interpreted else None,
+            k_ptr=self.key_cache(layer), v_pairs_ptr=self.value_cache(layer).view(torch.int16),
+            ks_ptr=self.scales[layer, 0], vs_ptr=self.scales[layer, 1],
+            stride_sblock=self.scale_strides()[0], stride_shead=self.scale_strides()[1],
+            DOT_DTYPE=launch.dot_dtype, INTERPRETED=interpreted,
+            **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
 
 
 # %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
@@ -499,16 +441,14 @@ def _fp8_decode_kernel(
         stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
         stride_block, stride_token, stride_head, stride_sblock, stride_shead,
         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, GRANULE: tl.constexpr,
+        SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr,
         INTERPRETED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    length = tl.load(lens_ptr + b)
-    per_split = tl.maximum(tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE, min_split)
-    start = split * per_split  # this sequence's own range, as in chapter 8
-    end = tl.minimum(length, start + per_split)
+    # this sequence's own range, as in chapter 8
+    start, end = range_of_split(lens_ptr, b, split, num_splits, min_split, GRANULE)
     rows, dims = tl.arange(0, GROUP_PAD), tl.arange(0, DIM_PAD)
     row_ok = rows < group
     heads = kv_head * group + rows

@@ -1,4 +1,4 @@
-"""Chapter 13: ragged decode with the work split by tokens. The plan partitions every sequence
+"""The appendix's ragged decode with the work split by tokens. The plan partitions every sequence
 into chunks (hypothesis), and the kernel matches chapter 8's reference under the interpreter."""
 
 import itertools
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
-from minipaged.fast_engine import balanced_paged_attention, plan_decode_work, work_chunk
+from minipaged.balanced_decode import balanced_paged_attention, plan_decode_work, work_chunk
 from minipaged.kv_cache import PagedKVCache
 
 

@@ -285,10 +285,6 @@ KNOWN_TYPED = {
         "the accuracy sweep's key tensor, typed; glue its numel()",
     ("13_fast_engine", '"act_mib"', "activation / 2**20"):
         "activation = 256 * 1024 * 2 typed; take the batch and hidden size from the config",
-    ("13_fast_engine", '"balanced_good"', "0"):
-        "placeholder while decode_attention_balanced_h200.json is not recorded",
-    ("13_fast_engine", '"balanced_shapes"', "0"):
-        "placeholder while decode_attention_balanced_h200.json is not recorded",
 }
 
 
