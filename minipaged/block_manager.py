@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ __all__ = [
     "BlockTable",
     "LiveSequences",
     "KVBlockManager",
+    "KVUsage",
+    "CachedPrefix",
+    "NO_CACHED_PREFIX",
 ]
 
 
@@ -491,6 +495,59 @@ class KVBlockManager:
             block_tables=torch.from_numpy(mirror.gather(rows)),
             new_blocks=new_blocks, states=states)
 
+    # %% chapters/04_block_manager.md § The scheduler's seam
+    def usage(self) -> KVUsage:
+        """Block size, pool size and free blocks, read together."""
+        return KVUsage(self.block_size, self.num_physical_blocks, len(self._free))
+
+    def find_cached_prefix(self, token_ids: Sequence[int]) -> CachedPrefix:
+        """The cached blocks ``token_ids`` could start from: none, this manager caches nothing."""
+        return NO_CACHED_PREFIX
+
+    def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int],
+                        prefix: CachedPrefix | None = None) -> int:
+        """Admit a prompt: create ``seq_id`` on ``prefix``'s blocks and return the tokens
+        already computed (0 here). The other tokens get their blocks in the next step."""
+        if prefix is not None and prefix.blocks:
+            raise BlockManagerError("this manager caches no prefix: it cannot attach one")
+        self.create_sequence(seq_id)
+        return 0
+
+    # %% chapters/04_block_manager.md § The scheduler's seam
+    def end_step(self, reservation: StepReservation | None, ran: bool = True, *,
+                 forks: Iterable[tuple[Hashable, Hashable]] = (),
+                 sampled: Mapping[Hashable, int] | None = None) -> None:
+        """End a step: commit ``reservation`` if its forward ``ran``, else abort it (None: a
+        step without blocks). Then each ``(parent, child)`` of ``forks`` shares the parent's
+        blocks, and ``sampled`` (seq_id -> token) are the tokens the step sampled."""
+        if reservation is not None:
+            if ran:
+                self.commit_step(reservation)
+            else:
+                self.abort_step(reservation)
+        if forks:
+            raise BlockManagerError("this manager shares no blocks: it cannot fork")
+
+    def move(self, seq_id: Hashable,
+             to: Literal["cpu", "gpu"] | None) -> list[tuple[int, int]] | None:
+        """Move a sequence's KV: ``None`` frees its blocks, ``"cpu"`` parks them in the CPU
+        pool, ``"gpu"`` brings them back. Returns the (src, dst) block copies to make, or
+        None, changing nothing, when the CPU pool cannot take them (here: there is none)."""
+        if to is None:
+            self.release_sequence(seq_id)
+            return []
+        if to == "cpu":
+            return None
+        raise BlockManagerError(f"{seq_id!r} is not in a CPU pool (this manager has none)")
+
+    def inconsistency_with(self, lengths: Mapping[Hashable, int]) -> str | None:
+        """None if the manager holds exactly the sequences of ``lengths`` (seq_id -> tokens in
+        the cache) at those lengths and its invariants hold; else what differs."""
+        held = {seq_id: self.sequence_length(seq_id) for seq_id in self.seq_ids()}
+        if held != dict(lengths):
+            return f"the manager holds {held}, its caller expects {dict(lengths)}"
+        return self.first_inconsistency()
+
 
 # %% chapters/04_block_manager.md § A step, all or nothing: reserve, commit, abort
 @dataclass
@@ -779,3 +836,25 @@ def compute_slot_mapping(table_slices: Sequence[Sequence[int]],
     positions = starts[row] + np.arange(int(counts.sum())) - token_base[row]
     blocks = flat[slice_base[row] + positions // block_size - first_blocks[row]]
     return blocks * block_size + positions % block_size
+
+
+# %% chapters/04_block_manager.md § The scheduler's seam
+class KVUsage(NamedTuple):
+    """The numbers the scheduler reads from a manager, as one value."""
+
+    block_size: int
+    num_blocks: int
+    num_free_blocks: int
+    num_free_cpu_blocks: int = 0
+
+
+class CachedPrefix(NamedTuple):
+    """A prompt's longest cached prefix: its blocks in order, and how many of them sit in
+    the free queue (attaching those takes them out of it)."""
+
+    blocks: tuple[int, ...] = ()
+    num_revived: int = 0
+
+
+NO_CACHED_PREFIX = CachedPrefix()
+"""The prefix a manager without a cache finds for every prompt."""

@@ -28,9 +28,8 @@ from minipaged.qwen3 import Qwen3PagedModel
 from minipaged.runtime import (NO_TRITON, TritonNotInstalledError, default_device,
                                has_triton)
 from minipaged.sampler import Sampler
-from minipaged.scheduler import (PromptTooLongError, SamplingParams, ScheduledChunk,
-                                 Scheduler, SchedulerConfig, SchedulerOutput, Sequence,
-                                 SequenceStatus)
+from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
+                                 SchedulerConfig, SchedulerOutput, Sequence, SequenceStatus)
 from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
@@ -656,59 +655,48 @@ class LLMEngine:
 
     def _beam_search_one(self, prompt: list[int], width: int,
                          max_tokens: int) -> BeamSearchOutput:
-        manager = self.manager
-        self.scheduler.check_prompt(len(prompt) + max_tokens - 1)
+        scheduler = self.scheduler
+        scheduler.check_prompt(len(prompt) + max_tokens - 1)
         root = Sequence(next(self._seq_ids), -1, list(prompt),
                         SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        start = manager.allocate_prompt(root.seq_id, prompt)
+        scheduler.add(root)
         beams = [(root, 0.0)]  # (sequence, summed log-probability of its output)
         copies = 0
         try:
-            for step in range(max_tokens):
-                out = self._beam_step(beams, len(prompt) - start if step == 0 else 1)
+            while len(beams[0][0].output_token_ids) < max_tokens:
+                out = self._beam_step(beams)
                 copies += len(out.reservation.copies)
-                logprobs = self.run(out, _beam_log_probs)
-                manager.commit_step(out.reservation)
+                logprobs, seqs = self.run(out, _beam_log_probs)
+                if not seqs:  # a chunk of the prompt, nothing to choose from yet
+                    scheduler.commit(out, {})
+                    continue
+                row = {seq.seq_id: i for i, seq in enumerate(seqs)}
+                order = [row[seq.seq_id] for seq, _ in beams]
+                if order != list(range(len(order))):  # rows in the beams' order
+                    logprobs = logprobs[torch.tensor(order, device=logprobs.device)]
                 scores = torch.tensor([b[1] for b in beams], device=logprobs.device)
                 top = (scores[:, None] + logprobs).flatten().topk(
                     min(width, logprobs.numel()))
                 vocab = logprobs.shape[1]
                 chosen = [(int(i) // vocab, int(i) % vocab, float(v))
                           for i, v in zip(top.indices.tolist(), top.values.tolist())]
-                beams = self._next_beams(beams, chosen)
+                beams = _next_beams(self.scheduler, self._seq_ids, out, beams, chosen, logprobs)
             ranked = sorted(beams, key=lambda b: -b[1])
             return BeamSearchOutput(list(prompt), [b[0].output_token_ids for b in ranked],
                                     [b[1] for b in ranked], copies)
-        finally:
-            for seq, _ in beams:
-                if seq.seq_id in manager:
-                    manager.release_sequence(seq.seq_id)
+        finally:  # the engine was idle: whatever the scheduler still holds is a beam
+            for seq in [*scheduler.waiting, *scheduler.running, *scheduler.swapped]:
+                scheduler.abort(seq.seq_id)
 
     # %% chapters/11_engine.md § Beam search on fork and copy-on-write
-    def _beam_step(self, beams, n: int) -> SchedulerOutput:
-        """The step that runs the last ``n`` tokens of every beam, its blocks reserved."""
-        chunks = [ScheduledChunk(seq, seq.num_tokens - n, n) for seq, _ in beams]
-        reservation = self.manager.reserve_step({seq.seq_id: n for seq, _ in beams})
-        return SchedulerOutput(chunks=chunks, reservation=reservation)
-
-    def _next_beams(self, beams, chosen):
-        """Fork beams chosen more than once, release the unchosen, record the tokens."""
-        manager, taken, result = self.manager, set(), []
-        for parent, token, score in chosen:
-            seq = beams[parent][0]
-            seq_id = seq.seq_id
-            if parent in taken:  # a second continuation of the same beam: share its blocks
-                seq_id = next(self._seq_ids)
-                manager.fork(seq.seq_id, seq_id)
-            taken.add(parent)
-            tokens = seq.output_token_ids + [token]
-            result.append((replace(seq, seq_id=seq_id, output_token_ids=tokens), score))
-        for index, (seq, _) in enumerate(beams):
-            if index not in taken:
-                manager.release_sequence(seq.seq_id)
-        for seq, _ in result:  # after the forks: no child inherits a sibling's token
-            manager.append_token_ids(seq.seq_id, seq.output_token_ids[-1:])
-        return result
+    def _beam_step(self, beams) -> SchedulerOutput:
+        """The scheduler's next step, which must run every beam (and nothing else)."""
+        out = self.scheduler.schedule()
+        if out.preempted or len(out.chunks) != len(beams):
+            self.scheduler.abort_step(out)
+            raise EngineError(f"the KV cache cannot hold {len(beams)} beams: give it more "
+                              + "blocks (num_blocks) or lower beam_width or max_tokens")
+        return out
 
 
 # %% chapters/11_engine.md § The LLMEngine class
@@ -979,6 +967,35 @@ class BeamSearchOutput:
     num_cow_copies: int
 
 
-def _beam_log_probs(logits: torch.Tensor, rows) -> torch.Tensor:
-    """Every row's next-token log-probabilities (a beam step samples nothing)."""
-    return logits.float().log_softmax(-1)
+def _beam_log_probs(logits: torch.Tensor, rows) -> tuple[torch.Tensor, list]:
+    """Every row's next-token log-probabilities, and the sequence of each row (a beam
+    step samples nothing)."""
+    return logits.float().log_softmax(-1), [seq for seq, _ in rows]
+
+
+# %% chapters/11_engine.md § Beam search on fork and copy-on-write
+def _next_beams(scheduler: Scheduler, seq_ids, out: SchedulerOutput, beams, chosen,
+                logprobs: torch.Tensor):
+    """Commit a beam step: each chosen beam gets its token, a beam chosen again forks (a
+    new sequence from ``seq_ids`` shares its blocks), the beams not chosen are freed."""
+    taken, result, forks, sampled = set(), [], [], {}
+    for parent, token, score in chosen:
+        seq = beams[parent][0]
+        if parent in taken:  # a second continuation of the same beam
+            child = Sequence(next(seq_ids), -1, seq.prompt_token_ids, seq.params,
+                             output_token_ids=list(seq.output_token_ids))
+            forks.append((seq, child, token))
+            seq = child
+        else:
+            sampled[seq.seq_id] = token
+        taken.add(parent)
+        result.append((seq, score))
+    dropped = [i for i in range(len(beams)) if i not in taken]
+    if dropped:  # every beam records a token: its best one, for those dropped next
+        best = logprobs[dropped].argmax(-1).tolist()
+        sampled.update((beams[i][0].seq_id, t) for i, t in zip(dropped, best))
+    scheduler.commit(out, sampled, forks=forks)
+    for i in dropped:
+        if not beams[i][0].status.finished:
+            scheduler.abort(beams[i][0].seq_id)
+    return result

@@ -652,7 +652,7 @@ class OverlapScheduler(Scheduler):
         """Commit a decode step whose tokens are still on the GPU: each sequence gets
         ``UNRESOLVED``, except those in ``stopped`` (seq_id -> status), which finish.
         Returns the sequences that finished, ``max_tokens`` reached included."""
-        self.manager.commit_step(out.reservation)
+        self.manager.end_step(out.reservation)  # its tokens are told once resolved
         out.reservation = None
         now, done, limit = time.perf_counter(), [], self._length_limit
         for chunk in out.chunks:
@@ -682,20 +682,20 @@ class OverlapScheduler(Scheduler):
         status; left running if ``keep_running``, as they are in a launched step), and the
         sequences that are finished now and hold no placeholder any more.
         """
-        tell = self.manager.append_token_ids if self._caches_prefixes else None
-        now, stopped, done = time.perf_counter(), {}, []
+        now, stopped, done, told = time.perf_counter(), {}, [], {}
         for seq, token in zip(seqs, tokens):
             seq.output_token_ids[-1] = token
             if seq.status.finished:  # at max_tokens: complete now
                 seq.status, seq.finish_time = self._stop_reason(seq, token, eos_token_id), now
                 done.append(seq)
                 continue
-            if tell is not None:
-                tell(seq.seq_id, (token,))
+            told[seq.seq_id] = token
             if token == eos_token_id or seq.params.stop_token_ids:  # else it cannot stop
                 status = self._stop_reason(seq, token, eos_token_id)
                 if status is not None:
                     stopped[seq.seq_id] = status
+        if told:  # before any of them is freed
+            self.manager.end_step(None, sampled=told)
         if stopped and not keep_running:
             for seq in seqs:
                 if seq.seq_id in stopped:

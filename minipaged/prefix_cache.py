@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minipaged.block_manager import SequenceState, StepReservation
+from minipaged.block_manager import CachedPrefix, SequenceState, StepReservation
 from minipaged.sharing import SharingBlockManager
 from minipaged.sizing import ceil_div
 
@@ -263,10 +263,10 @@ class PrefixCachingBlockManager(SharingBlockManager):
         return revived + (ceil_div(len(prompt_token_ids), self.block_size) - len(hits))
 
     def allocate_prompt(self, seq_id: Hashable, prompt_token_ids: Sequence[int],
-                        hits: list[int] | None = None) -> int:
+                        hits: list[int] | CachedPrefix | None = None) -> int:
         """Create ``seq_id`` for this prompt and attach its longest cached prefix (``hits``,
-        as ``match_prefix`` returns it with no change to the manager since; looked up if
-        None).
+        as ``match_prefix`` or ``find_cached_prefix`` returns it with no change to the
+        manager since; looked up if None).
 
         Returns the number of prompt tokens already in the cache (a multiple of
         ``block_size``, below ``len(prompt)``): the sequence's length. Reserve the remaining
@@ -276,6 +276,8 @@ class PrefixCachingBlockManager(SharingBlockManager):
         self.create_sequence(seq_id)
         prompt = [int(t) for t in prompt_token_ids]
         hits = self.match_prefix(prompt) if hits is None else hits
+        if isinstance(hits, CachedPrefix):
+            hits = hits.blocks
         state = self._seqs[seq_id]
         for block in hits:
             if self._refcount[block] == 0:
@@ -336,3 +338,24 @@ class PrefixCachingBlockManager(SharingBlockManager):
                     return (f"block {state.block_table[j]} (block {j} of {seq_id!r}) "
                             + "lost its cache entry while in use")
         return None
+
+    # %% chapters/06_prefix_caching.md § The engine-facing API
+    def find_cached_prefix(self, token_ids: Sequence[int]) -> CachedPrefix:
+        """The cached blocks ``allocate_prompt`` would attach now, and how many of them it
+        takes out of the free queue."""
+        hits = self.match_prefix(token_ids)
+        refcount = self._refcount
+        return CachedPrefix(tuple(hits), sum(1 for block in hits if refcount[block] == 0))
+
+    def end_step(self, reservation: StepReservation | None, ran: bool = True, *,
+                 forks: Iterable[tuple[Hashable, Hashable]] = (),
+                 sampled: Mapping[Hashable, int] | None = None) -> None:
+        """Chapter 4's ``end_step``; the sampled tokens are recorded after the forks, so a
+        child does not inherit its parent's new token."""
+        super().end_step(reservation, ran, forks=forks)
+        if sampled:
+            known = self._tokens
+            for seq_id, token in sampled.items():
+                if seq_id not in known:
+                    self._state(seq_id)  # raises the precise error
+                known[seq_id].append(token)

@@ -287,16 +287,20 @@ class Scheduler:
     Three queues: ``waiting`` (never run, or preempted by recompute), ``running`` (KV in
     the GPU pool, in admission order) and ``swapped`` (KV parked in the CPU pool).
     ``schedule()`` picks the step's chunks and reserves all their blocks in one
-    ``reserve_step`` call (every block or none); after the forward, ``commit()`` commits
-    the reservation and records the sampled tokens. ``manager`` is a chapter 4-6
-    ``KVBlockManager``; the scheduler is its only caller while serving.
+    ``reserve_step`` call (every block or none); after the forward, ``commit()`` ends
+    the step and records the sampled tokens. ``manager`` is a chapter 4-6
+    ``KVBlockManager``, used only through chapter 4's seam (``usage``,
+    ``find_cached_prefix``, ``allocate_prompt``, ``num_blocks_to_allocate``,
+    ``reserve_step``, ``end_step``, ``move``, ``inconsistency_with``); the scheduler is
+    its only caller while serving.
     """
 
     def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager
         self.config = config or SchedulerConfig()
-        self.block_size: int = manager.block_size
-        self.num_total_blocks: int = manager.num_physical_blocks
+        usage = manager.usage()
+        self.block_size: int = usage.block_size
+        self.num_total_blocks: int = usage.num_blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -304,8 +308,6 @@ class Scheduler:
         self.total_preemptions = 0
         self.timeline: list[StepStats] = []
         self._live: dict[int, Sequence] = {}
-        # a chapter 6 manager caches prefixes: it admits whole prompts, wants all tokens
-        self._caches_prefixes = hasattr(manager, "allocate_prompt")
         # Blocks one sequence may hold, and the length at which it must stop:
         # max_model_len, or when its next token would need more blocks than that
         # (ceil((n + 1) / B) > blocks <=> n >= blocks * B).
@@ -379,13 +381,11 @@ class Scheduler:
 
     def _free_after(self, claimed: int) -> int:
         """Free blocks this step may still claim: the watermark stays free."""
-        return self.manager.num_free_blocks - claimed - self.config.watermark_blocks
+        return self.manager.usage().num_free_blocks - claimed - self.config.watermark_blocks
 
     def _need(self, seq: Sequence, num_tokens: int) -> int:
-        """Blocks ``num_tokens`` more tokens of ``seq`` take (copy-on-write too)."""
-        if seq.seq_id in self.manager:
-            return self.manager.num_blocks_to_allocate({seq.seq_id: num_tokens})
-        return blocks_needed(seq.num_computed_tokens + num_tokens, self.block_size)
+        """Blocks ``num_tokens`` more tokens of running ``seq`` take (copy-on-write too)."""
+        return self.manager.num_blocks_to_allocate({seq.seq_id: num_tokens})
 
     def _stats(self, out: SchedulerOutput) -> StepStats:
         # ScheduledChunk.is_prefill and SchedulerOutput.num_tokens written out: one pass
@@ -394,7 +394,7 @@ class Scheduler:
             total += c.num_tokens
             if c.num_tokens > 1 or c.start < len(c.seq.prompt_token_ids):
                 prefill += c.num_tokens
-        used = self.num_total_blocks - self.manager.num_free_blocks
+        used = self.num_total_blocks - self.manager.usage().num_free_blocks
         return StepStats(
             step=self.step_count, time=time.perf_counter(),
             num_waiting=len(self.waiting), num_running=len(self.running),
@@ -462,7 +462,7 @@ class Scheduler:
         out.preempted.append(seq)
         if self.config.preemption_mode == "swap" and self._swap_out(seq, out):
             return
-        self.manager.release_sequence(seq.seq_id)
+        self.manager.move(seq.seq_id, None)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -481,9 +481,9 @@ class Scheduler:
         while (self.waiting and seats + self._seats(self.waiting[0])
                <= self.config.max_num_seqs):
             seq = self.waiting[0]
-            tokens, hits = (self._prefix_hit(seq) if self._caches_prefixes
-                            else (None, []))
-            n = seq.num_tokens - len(hits) * self.block_size
+            tokens = seq.token_ids(0, seq.num_tokens)
+            prefix = self.manager.find_cached_prefix(tokens)  # looked up once, used twice
+            n = seq.num_tokens - len(prefix.blocks) * self.block_size
             if n > budget[0]:
                 if self.config.enable_chunked_prefill:
                     n = budget[0]  # a chunk now, the rest in later steps
@@ -491,16 +491,14 @@ class Scheduler:
                         return
                 elif any(c.is_prefill for c in out.chunks):
                     return  # unchunked, a prompt over budget is the only prefill
-            need = (self.manager.num_blocks_for_prompt(tokens, hits) if tokens is not None
-                    else blocks_needed(n, self.block_size))
+            need = prefix.num_revived + blocks_needed(n, self.block_size)
             if need > self._free_after(budget[1]):
                 return
             self.waiting.popleft()
             out.admitted.append(seq)
-            if tokens is not None:
-                self._attach_prefix(seq, tokens, hits)
-            else:
-                self.manager.create_sequence(seq.seq_id)
+            seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens, prefix)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seats += self._seats(seq)
@@ -519,9 +517,6 @@ class Scheduler:
         Returns the sequences that finished in this step (their blocks already freed).
         """
         now = time.perf_counter() if now is None else now
-        if out.reservation is not None:
-            self.manager.commit_step(out.reservation)
-            out.reservation = None
         events = []
         running = SequenceStatus.RUNNING
         for chunk in out.chunks:
@@ -531,26 +526,25 @@ class Scheduler:
             if (end == len(seq.prompt_token_ids) + len(seq.output_token_ids)
                     and seq.status is running):
                 events.append((seq, sampled[seq.seq_id]))  # the chunk samples
-        for parent, child, token in forks:  # before the tokens are recorded
-            self.manager.fork(parent.seq_id, child.seq_id)
+        for parent, child, token in forks:
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
             child.status = SequenceStatus.RUNNING
             self._live[child.seq_id] = child
             self.running.append(child)
             events.append((child, token))
+        self.manager.end_step(out.reservation,  # forks share blocks before tokens are told
+                              forks=[(p.seq_id, c.seq_id) for p, c, _ in forks],
+                              sampled={seq.seq_id: token for seq, token in events})
+        out.reservation = None
         return self._append_tokens(events, eos_token_id, now)
 
     # %% chapters/10_scheduler.md § After the forward
     def _append_tokens(self, events: list[tuple[Sequence, int]],
                        eos_token_id: int | None, now: float) -> list[Sequence]:
-        append_token_ids = (self.manager.append_token_ids if self._caches_prefixes
-                            else None)
         done = []
         limit = self._length_limit
         for seq, token in events:
-            if append_token_ids is not None:
-                append_token_ids(seq.seq_id, (token,))
             outputs = seq.output_token_ids
             outputs.append(token)
             if seq.first_token_time is None:
@@ -574,12 +568,12 @@ class Scheduler:
         """The forward failed: give the step's blocks back and return the sequences it
         admitted to the front of the waiting queue; the next schedule tries again."""
         if out.reservation is not None:
-            self.manager.abort_step(out.reservation)
+            self.manager.end_step(out.reservation, ran=False)
             out.reservation = None
         for seq in reversed(out.admitted):
             if seq.status is SequenceStatus.RUNNING:
                 self.running.remove(seq)
-                self.manager.release_sequence(seq.seq_id)
+                self.manager.move(seq.seq_id, None)
                 seq.num_computed_tokens = 0
                 seq.status = SequenceStatus.WAITING
                 self.waiting.appendleft(seq)
@@ -596,14 +590,11 @@ class Scheduler:
                 or seq.num_tokens >= self._length_limit):  # or one more would not fit
             return SequenceStatus.FINISHED_LENGTH
         return None
-        return None
 
     def _finish(self, seq: Sequence, status: SequenceStatus,
                 now: float | None = None) -> None:
-        if seq.status is SequenceStatus.SWAPPED:
-            self.manager.release_swapped(seq.seq_id)
-        elif seq.seq_id in self.manager:
-            self.manager.release_sequence(seq.seq_id)
+        if seq.status is SequenceStatus.RUNNING or seq.status is SequenceStatus.SWAPPED:
+            self.manager.move(seq.seq_id, None)  # its blocks, on the GPU or the CPU
         seq.status = status
         seq.finish_time = time.perf_counter() if now is None else now
         self._live.pop(seq.seq_id, None)
@@ -617,21 +608,18 @@ class Scheduler:
         assert all(s.status is SequenceStatus.RUNNING for s in self.running)
         assert all(s.status is SequenceStatus.SWAPPED for s in self.swapped)
         assert len(self.running) <= self.config.max_num_seqs
-        for seq in self.running:
-            length = self.manager.sequence_length(seq.seq_id)
-            assert length == seq.num_computed_tokens, seq.seq_id
-        for seq in [*self.waiting, *self.swapped]:
-            assert seq.seq_id not in self.manager, f"{seq.seq_id} waits, holds blocks"
-        running_ids = {s.seq_id for s in self.running}
-        assert set(self.manager.seq_ids()) == running_ids, "leaked manager sequence"
-        assert self.manager.invariants_ok(), self.manager.first_inconsistency()
+        # the manager holds the running sequences' blocks, at their lengths, and nothing else
+        problem = self.manager.inconsistency_with(
+            {s.seq_id: s.num_computed_tokens for s in self.running})
+        assert problem is None, problem
 
     # %% chapters/10_scheduler.md § Addition: preemption by swap
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Park a victim's blocks in the CPU pool; False (recompute) if they can't."""
-        if len(self.manager.block_table(seq.seq_id)) > self.manager.num_free_cpu_blocks:
+        copies = self.manager.move(seq.seq_id, "cpu")
+        if copies is None:  # the CPU pool is too small (or there is none)
             return False
-        out.swap_out.extend(self.manager.swap_out(seq.seq_id))
+        out.swap_out.extend(copies)
         seq.status = SequenceStatus.SWAPPED
         self.swapped.append(seq)
         return True
@@ -648,23 +636,10 @@ class Scheduler:
             if n == 0 or n > budget[0] or need > self._free_after(budget[1]):
                 return
             self.swapped.popleft()
-            out.swap_in.extend(self.manager.swap_in(seq.seq_id))
+            out.swap_in.extend(self.manager.move(seq.seq_id, "gpu"))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seats += self._seats(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget[0] -= n
             budget[1] += self._need(seq, n)
-
-    # %% chapters/10_scheduler.md § Addition: prefix-cache hits
-    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """A waiting sequence's tokens and the cached blocks holding its prefix (one lookup
-        a step: admission counts with them and attaches them)."""
-        tokens = seq.token_ids(0, seq.num_tokens)
-        return tokens, self.manager.match_prefix(tokens)
-
-    def _attach_prefix(self, seq: Sequence, tokens: list[int], hits: list[int]) -> None:
-        """Admit ``seq`` through the prefix cache: hits attached, not computed."""
-        seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens, hits)
-        if seq.num_preemptions == 0:
-            seq.num_cached_prompt_tokens = seq.num_computed_tokens

@@ -8,14 +8,14 @@ debugging aids."""
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from minipaged.block_manager import (BlockManagerError, FreeBlockList, KVBlockManager,
-                                     NoFreeBlocksError, SequenceExistsError,
-                                     SequenceState, UnknownSequenceError)
+                                     KVUsage, NoFreeBlocksError, SequenceExistsError,
+                                     SequenceState, StepReservation, UnknownSequenceError)
 from minipaged.sizing import ceil_div
 
 __all__ = ["BlockEvent", "SharingBlockManager", "parallel_sampling_savings",
@@ -302,6 +302,31 @@ class SharingBlockManager(KVBlockManager):
         for cpu_block in reversed(self._swapped.pop(seq_id).block_table):
             self._cpu_free.push(cpu_block)
         self._released[seq_id] = None
+
+    # %% chapters/05_sharing.md § The scheduler's seam, with sharing and a CPU pool
+    def usage(self) -> KVUsage:
+        return KVUsage(self.block_size, self.num_physical_blocks, len(self._free),
+                       len(self._cpu_free))
+
+    def end_step(self, reservation: StepReservation | None, ran: bool = True, *,
+                 forks: Iterable[tuple[Hashable, Hashable]] = (),
+                 sampled: Mapping[Hashable, int] | None = None) -> None:
+        super().end_step(reservation, ran, sampled=sampled)
+        for parent_id, child_id in forks:
+            self.fork(parent_id, child_id)
+
+    def move(self, seq_id: Hashable,
+             to: Literal["cpu", "gpu"] | None) -> list[tuple[int, int]] | None:
+        if to == "cpu":
+            if len(self._state(seq_id).block_table) > len(self._cpu_free):
+                return None
+            return self.swap_out(seq_id)
+        if to == "gpu":
+            return self.swap_in(seq_id)
+        if seq_id in self._swapped:
+            self.release_swapped(seq_id)
+            return []
+        return super().move(seq_id, to)
 
     # %% chapters/05_sharing.md § Debugging aids
     def history(self, seq_id: Hashable) -> list[BlockEvent]:

@@ -83,3 +83,59 @@ def test_no_module_imports_a_private_name_of_another():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minipaged"):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, (name, node.module, private)
+
+
+def _manager_names(tree) -> set:
+    """Names the code reads off a block manager (``self.manager.x``, ``manager.x``); ``in`` on
+    the manager counts as ``__contains__``, a ``getattr``/``hasattr`` on it as that call."""
+    def is_manager(node):
+        return ((isinstance(node, ast.Attribute) and node.attr == "manager")
+                or (isinstance(node, ast.Name) and node.id == "manager"))
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_manager(node.value):
+            names.add(node.attr)
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn))
+                                                   for op in node.ops):
+            if any(is_manager(c) for c in node.comparators):
+                names.add("__contains__")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and node.args
+              and is_manager(node.args[0])):
+            names.add(node.func.id)
+    return names
+
+
+def _scheduler_classes():
+    """Chapter 10's Scheduler and every class built on it (chapter 13's OverlapScheduler)."""
+    found = [node for _, node in classes() if node.name == "Scheduler"
+             or any(getattr(base, "id", None) == "Scheduler" for base in node.bases)]
+    assert {node.name for node in found} >= {"Scheduler", "OverlapScheduler"}
+    return found
+
+
+def test_the_scheduler_uses_a_narrow_manager_seam_without_capability_checks():
+    """vLLM v1's scheduler sees its KVCacheManager through a few calls and a KVCacheBlocks
+    value; ours sees at most eight names of the block manager, the same for chapters 4-6."""
+    from minipaged.block_manager import KVBlockManager
+
+    used, checks = set(), []
+    for node in _scheduler_classes():
+        used |= _manager_names(node)
+        checks += [call for call in ast.walk(node) if isinstance(call, ast.Call)
+                   and getattr(call.func, "id", None) in ("hasattr", "getattr")]
+    assert used, "no use of the block manager found: did its attribute name change?"
+    assert len(used) <= 8, sorted(used)
+    assert not checks, "the scheduler asks what its manager can do"
+    assert all(hasattr(KVBlockManager, name) for name in used), sorted(used)  # chapter 4 too
+
+
+def test_beam_search_touches_no_block_manager_name():
+    """Beam search forks and frees beams through the scheduler's step, like every request."""
+    beam = [node for node in ast.walk(modules()["engine"])
+            if isinstance(node, ast.FunctionDef) and "beam" in node.name]
+    assert {node.name for node in beam} >= {"beam_search", "_beam_search_one", "_next_beams"}
+    for node in beam:
+        assert not _manager_names(node), (node.name, _manager_names(node))
+        assert not [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == "manager"]

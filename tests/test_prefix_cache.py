@@ -209,7 +209,9 @@ ENGINE_API = {"match_prefix", "num_blocks_for_prompt", "cached_prefix_length", "
               "commit_step", "abort_step", "append_token_ids", "fork", "release_sequence",
               "release_swapped", "swap_out", "swap_in", "block_size", "num_physical_blocks",
               "num_free_blocks", "num_free_cpu_blocks", "seq_ids", "sequence_length", "block_table",
-              "stats", "invariants_ok", "first_inconsistency", "create_sequence"}
+              "stats", "invariants_ok", "first_inconsistency", "create_sequence",
+              # chapter 4's seam, which the scheduler goes through
+              "usage", "find_cached_prefix", "end_step", "move", "inconsistency_with"}
 
 
 def test_scheduler_and_engine_use_only_the_documented_manager_api():
