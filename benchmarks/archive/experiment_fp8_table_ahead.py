@@ -158,6 +158,7 @@ def table_ahead_kernel(kind: str = "table"):
         "_attend_fp8_tiles(", "_attend_ahead(")
     path = Path(tempfile.mkdtemp(prefix="minipaged_")) / f"fp8_{kind}_ahead_kernel.py"
     path.write_text("import triton\nimport triton.language as tl\n"
+                    "from minipaged.decode_attention import range_of_split\n"
                     "from minipaged.fp8_kv_cache import _e4m3_pairs\n\n\n"
                     f"@triton.jit\n{loop}\n\n@triton.jit\n{outer}")
     spec = importlib.util.spec_from_file_location(path.stem, path)
