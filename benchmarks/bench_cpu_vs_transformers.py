@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import minipaged  # noqa: E402
-from minipaged.scheduler import SamplingParams  # noqa: E402
+from minipaged.engine.scheduler import SamplingParams  # noqa: E402
 
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                      num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -45,7 +45,7 @@ SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
 
 
 def random_model():
-    from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+    from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 
     return random_qwen3(tiny_qwen3_config(**SMOLLM2_SHAPE), seed=0, attn_implementation="sdpa")
 

@@ -38,9 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import minipaged.decode_attention as decode_attention  # noqa: E402
-from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.kv_cache import PagedKVCache, write_kv_reference  # noqa: E402
+import minipaged.kernels.decode_attention as decode_attention  # noqa: E402
+from minipaged.kernels.decode_attention import paged_attention  # noqa: E402
+from minipaged.kernels.kv_cache import PagedKVCache, write_kv_reference  # noqa: E402
 
 SIZES = [(64, 4096), (8, 32768), (256, 1024)]          # (batch, tokens per sequence)
 HEADS = [(32, 8, 128), (16, 8, 128)]                    # (query heads, KV heads, head dim)
@@ -306,7 +306,7 @@ class RaggedCase(Case):
 
 def ragged_rows(quick: bool = False, sweep: bool = False, log=print) -> list[dict]:
     """Ragged batches: the package's split rule against cutting like the longest sequence."""
-    from minipaged.decode_attention import paged_attention_reference, split_plan
+    from minipaged.kernels.decode_attention import paged_attention_reference, split_plan
 
     rows = []
     sizes = RAGGED_SIZES[1:2] if quick else RAGGED_SIZES
@@ -366,8 +366,8 @@ def bench_graph(fn) -> float:
 
 def balanced_rows(quick: bool = False, log=print) -> dict:
     """Ragged and uniform batches: chapter 8's split-KV against the work split by tokens."""
-    from minipaged.decode_attention import paged_attention_reference
-    from minipaged.balanced_decode import balanced_paged_attention, plan_decode_work
+    from minipaged.kernels.decode_attention import paged_attention_reference
+    from minipaged.kernels.balanced_decode import balanced_paged_attention, plan_decode_work
 
     copy = COPY_TBPS * 1e12
     ragged = []

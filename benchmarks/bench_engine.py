@@ -5,7 +5,7 @@
 Workload (the course's benchmark): 256 requests, prompt lengths uniform in 100-1024 tokens, 512 new
 tokens each, EOS ignored, greedy. Paths, measured in one process on one model:
 
-- ``minipaged``: chapter 11's ``minipaged.engine.LLMEngine(model).generate(...)`` (chapter 13's
+- ``minipaged``: chapter 11's ``minipaged.engine.llm_engine.LLMEngine(model).generate(...)`` (chapter 13's
   ``minipaged.LLM`` is measured by bench_fast_engine.py)
 - ``hf_generate_batch``: transformers' continuous batching, ``model.generate_batch`` with
   ``attn_implementation="paged|sdpa"``
@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
-from minipaged.sizing import kv_bytes_per_token  # noqa: E402
+from minipaged.memory.sizing import kv_bytes_per_token  # noqa: E402
 
 COPY_BANDWIDTH = 4.29e12  # bytes/s read+written, measured device-to-device copy on this H200
 
@@ -94,7 +94,7 @@ def memory_row() -> dict:
 
 def run_minipaged(model, prompts, max_tokens, args):
     from minipaged import SamplingParams
-    from minipaged.engine import LLMEngine  # chapter 11's engine: chapter 13 measures its own
+    from minipaged.engine.llm_engine import LLMEngine  # chapter 11's engine: chapter 13 measures its own
 
     allocated_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     llm = LLMEngine(model, block_size=16, max_num_seqs=args.max_num_seqs)
@@ -155,8 +155,8 @@ def check_parity(device) -> dict:
     """Greedy minipaged (chapter 11's ``LLMEngine``) == transformers generate(do_sample=False),
     fp32, before any timing."""
     from minipaged import SamplingParams
-    from minipaged.engine import LLMEngine
-    from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, reference_greedy
+    from minipaged.engine.llm_engine import LLMEngine
+    from minipaged.model.qwen3 import qwen3_0_6b_config, random_qwen3, reference_greedy
 
     config = qwen3_0_6b_config(tie_word_embeddings=False, initializer_range=0.2, num_hidden_layers=4)
     hf = random_qwen3(config, dtype=torch.float32, device=device, attn_implementation="sdpa")

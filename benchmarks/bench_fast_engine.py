@@ -5,8 +5,8 @@
                                            [--workload course|nanovllm]
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
-uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 11's ``minipaged.engine.LLMEngine`` and
-chapter 13's ``minipaged.LLM`` (``minipaged.llm.LLM``: the same ``LLMEngine`` assembled from
+uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 11's ``minipaged.engine.llm_engine.LLMEngine`` and
+chapter 13's ``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
 ``FAST_PARTS``), each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
 the memory roofline (bench_engine.roofline), mean TTFT, p50/p99 TPOT, steps, graph steps. Writes
@@ -62,14 +62,14 @@ from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity, 
 
 def chapter11_engine(model, **options):
     """Chapter 11's engine: ``LLMEngine`` with its own parts."""
-    from minipaged.engine import LLMEngine
+    from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)
 
 
 def chapter13_engine(model, **options):
     """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
-    from minipaged.llm import LLM
+    from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)
 
@@ -84,14 +84,14 @@ def chapter13_sdpa_prefill(model, **options):
 
 # name -> (constructor, its options, the class it reports, whether it needs FP8)
 ENGINES = {
-    "engine": (chapter11_engine, {}, "minipaged.engine.LLMEngine", False),
-    "fast_engine": (chapter13_engine, {}, "minipaged.llm.LLM", False),
-    "fast_engine_sync": (chapter13_engine, {"overlap_scheduling": False}, "minipaged.llm.LLM",
+    "engine": (chapter11_engine, {}, "minipaged.engine.llm_engine.LLMEngine", False),
+    "fast_engine": (chapter13_engine, {}, "minipaged.entrypoints.llm.LLM", False),
+    "fast_engine_sync": (chapter13_engine, {"overlap_scheduling": False}, "minipaged.entrypoints.llm.LLM",
                          False),
     "fast_engine_unchunked": (chapter13_engine, {"enable_chunked_prefill": False},
-                              "minipaged.llm.LLM", False),
-    "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.llm.LLM", False),
-    "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.llm.LLM", True),
+                              "minipaged.entrypoints.llm.LLM", False),
+    "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.entrypoints.llm.LLM", False),
+    "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.entrypoints.llm.LLM", True),
 }
 """chapter 11's engine; chapter 13's; chapter 13's with one piece changed: no overlap, whole
 prompts, chapter 9's SDPA prefill (paged prefill off), chapter 12's e4m3 cache"""
@@ -113,7 +113,7 @@ def workload_spec(args, on_gpu):
 
 def sampling(args, num_requests, max_tokens):
     """Per-request SamplingParams of the chosen workload (course: greedy, all ``max_tokens``)."""
-    from minipaged.scheduler import SamplingParams
+    from minipaged.engine.scheduler import SamplingParams
 
     if args.workload == "course":
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -125,7 +125,7 @@ def sampling(args, num_requests, max_tokens):
 
 def run_engine(name, args) -> dict:
     """One engine on the seeded model and the workload, in this process."""
-    from minipaged.scheduler import SamplingParams
+    from minipaged.engine.scheduler import SamplingParams
 
     on_gpu = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
@@ -135,7 +135,7 @@ def run_engine(name, args) -> dict:
     prompts = workload(num_requests, lo, hi, config.vocab_size)
     build, options, engine_class, needs_fp8 = ENGINES[name]
     if needs_fp8:  # chapter 12's e4m3 cache under the fast engine
-        from minipaged.fp8_kv_cache import fp8_supported
+        from minipaged.kernels.fp8_kv_cache import fp8_supported
         if not fp8_supported(device):
             return {"engine": name, "error": "no FP8 on this device"}
     llm = build(model, block_size=16, max_num_seqs=args.max_num_seqs, **options)
@@ -203,9 +203,9 @@ def timer(on_gpu):
 
 def prefill_case(hq, hkv, d, block_size, dtype, device, count, prompt, context):
     """``count`` prompts of ``prompt`` new tokens after ``context`` cached, in a shuffled pool."""
-    from minipaged.block_table import blocks_needed
-    from minipaged.kv_cache import PagedKVCache
-    from minipaged.qwen3 import ForwardBatch
+    from minipaged.memory.block_table import blocks_needed
+    from minipaged.kernels.kv_cache import PagedKVCache
+    from minipaged.model.qwen3 import ForwardBatch
 
     per_seq = blocks_needed(prompt + context, block_size)
     cache = PagedKVCache(1, count * per_seq, block_size, hkv, d, dtype, device)
@@ -222,10 +222,10 @@ def kernel_cases(tokens, device, dtype, small):
     """(name, reference fn, fused fn, args, bytes the fused one must move) per kernel."""
     import torch.nn.functional as F
 
-    from minipaged.fast_engine import (add_rms_norm, add_rms_norm_reference,
-                                       paged_prefill_attention, qk_norm_rope,
-                                       qk_norm_rope_reference, silu_mul, silu_mul_reference)
-    from minipaged.qwen3 import prefill_attention, rope_cos_sin, rope_inv_freq
+    from minipaged.engine.fast_engine import (add_rms_norm, add_rms_norm_reference,
+                                              paged_prefill_attention, qk_norm_rope,
+                                              qk_norm_rope_reference, silu_mul, silu_mul_reference)
+    from minipaged.model.qwen3 import prefill_attention, rope_cos_sin, rope_inv_freq
 
     hidden, hq, hkv, d, inner = (64, 4, 2, 16, 128) if small else (1024, 16, 8, 128, 3072)
     e = torch.finfo(dtype).bits // 8

@@ -42,13 +42,13 @@ import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter swi
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench, kv_bytes  # noqa: E402
 from benchmarks.bench_engine import (build_model, qwen3_06b_config, sync,  # noqa: E402
                                      workload)
-from minipaged.block_table import blocks_needed  # noqa: E402
-from minipaged.decode_attention import paged_attention, paged_attention_reference  # noqa: E402
-from minipaged.engine import CacheFormat, EngineParts, LLMEngine  # noqa: E402
-from minipaged.fp8_kv_cache import (Fp8PagedKVCache, fp8_block_bytes,  # noqa: E402
-                                    fp8_bytes_per_token, fp8_supported, new_fp8_cache,
-                                    quantize_reference)
-from minipaged.kv_cache import PagedKVCache  # noqa: E402
+from minipaged.memory.block_table import blocks_needed  # noqa: E402
+from minipaged.kernels.decode_attention import paged_attention, paged_attention_reference  # noqa: E402
+from minipaged.engine.llm_engine import CacheFormat, EngineParts, LLMEngine  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import (Fp8PagedKVCache, fp8_block_bytes,  # noqa: E402
+                                            fp8_bytes_per_token, fp8_supported, new_fp8_cache,
+                                            quantize_reference)
+from minipaged.kernels.kv_cache import PagedKVCache  # noqa: E402
 
 FP8_ENGINE_PARTS = EngineParts().with_cache_format("fp8", CacheFormat(new_fp8_cache,
                                                                     fp8_block_bytes))

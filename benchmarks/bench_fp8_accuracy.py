@@ -6,7 +6,7 @@ Writes DIR/fp8_accuracy_h200.json on a GPU (fp8_accuracy_cpu.json on a CPU): {"d
 "command", "versions", "attention_sweep", "saturation", "bytes_per_token", "key_channels",
 "end_to_end"}.
 
-- ``attention_sweep``: ``minipaged.fp8_kv_cache.accuracy_sweep``: for keys with outlier channels 1x
+- ``attention_sweep``: ``minipaged.book.fp8_accuracy.accuracy_sweep``: for keys with outlier channels 1x
   to 16x the rest (synthetic, the structure trained models show), the attention-output error of
   every way of storing K/V (bf16, e4m3 with one scale of 1.0, e5m2 with none, one scale calibrated
   on 64 tokens, per (block, head) set by the first token, per (slot, head)) against fp32 K/V.
@@ -34,13 +34,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
-from minipaged.block_table import blocks_needed  # noqa: E402
-from minipaged.fp8_kv_cache import (SCHEMES, Fp8PagedKVCache, accuracy_sweep,  # noqa: E402
-                                    fp8_bytes_per_token, fp8_supported, logit_agreement,
-                                    teacher_forced)
-from minipaged.qwen3 import (Qwen3PagedModel, qwen3_0_6b_config, random_qwen3,  # noqa: E402
-                             tiny_qwen3_config)
-from minipaged.sizing import kv_bytes_per_token  # noqa: E402
+from minipaged.memory.block_table import blocks_needed  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import (Fp8PagedKVCache, fp8_bytes_per_token,  # noqa: E402
+                                            fp8_supported)
+from minipaged.book.fp8_accuracy import (SCHEMES, accuracy_sweep, logit_agreement,  # noqa: E402
+                                         teacher_forced)
+from minipaged.model.qwen3 import (Qwen3PagedModel, qwen3_0_6b_config, random_qwen3,  # noqa: E402
+                                   tiny_qwen3_config)
+from minipaged.memory.sizing import kv_bytes_per_token  # noqa: E402
 
 SHAPE = (28, 8, 128)                       # Qwen3-0.6B: layers, KV heads, head dim
 

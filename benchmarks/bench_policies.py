@@ -41,7 +41,7 @@ def percentile(values, q):
 
 def new_engine(model, **options):
     from minipaged import SamplingParams
-    from minipaged.engine import LLMEngine  # chapter 11's engine, whose policies chapter 10 compares
+    from minipaged.engine.llm_engine import LLMEngine  # chapter 11's engine, whose policies chapter 10 compares
 
     llm = LLMEngine(model, block_size=16, **options)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),

@@ -24,9 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from minipaged.qwen3 import (ATTENTION_TOLERANCE, LOGITS_TOLERANCE, Qwen3PagedModel,  # noqa: E402
-                             attention_parity, greedy_generate, qwen3_0_6b_config, random_qwen3,
-                             reference_greedy, tiny_qwen3_config)
+from minipaged.model.qwen3 import (ATTENTION_TOLERANCE, LOGITS_TOLERANCE,  # noqa: E402
+                                   Qwen3PagedModel, attention_parity, greedy_generate,
+                                   qwen3_0_6b_config, random_qwen3, reference_greedy,
+                                   tiny_qwen3_config)
 from minipaged.runtime import default_device  # noqa: E402
 
 

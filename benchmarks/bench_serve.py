@@ -18,7 +18,7 @@ Datasets:
   (seeded), 512 new tokens each, 256 requests unless ``--num-prompts`` says otherwise.
 - ``sharegpt-stats``: lengths with the ShareGPT statistics the vLLM paper reports (Kwon et al. 2023,
   Fig. 11: 161.31 input and 337.99 output tokens on average), drawn as chapter 2 draws them
-  (``minipaged.fragmentation.generate_workload("sharegpt")``: log-normal lengths with a chosen spread
+  (``minipaged.book.fragmentation.generate_workload("sharegpt")``: log-normal lengths with a chosen spread
   of 1.0 and the location fitted to those means, prompt plus output at most 2,048 tokens).
 
 ``--input-len``/``--output-len`` replace the dataset's lengths with one fixed length.
@@ -65,7 +65,7 @@ def course_requests(num_prompts: int = 256, seed: int = 0, vocab: int = QWEN3_VO
 def sharegpt_stats_requests(num_prompts: int, seed: int = 0,
                             vocab: int = QWEN3_VOCAB) -> list[LoadRequest]:
     """Token-id prompts with lengths of the ShareGPT statistics (``SHAREGPT_SOURCE``)."""
-    from minipaged.fragmentation import generate_workload
+    from minipaged.book.fragmentation import generate_workload
 
     rng = random.Random(seed)
     trace = generate_workload("sharegpt", num_prompts, seed, rate=None, max_len=2048)

@@ -30,9 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minipaged.block_manager import KVBlockManager, compute_slot_mapping  # noqa: E402
-from minipaged.block_table import slots_for_positions  # noqa: E402
-from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
+from minipaged.memory.block_manager import KVBlockManager, compute_slot_mapping  # noqa: E402
+from minipaged.memory.block_table import slots_for_positions  # noqa: E402
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager  # noqa: E402
 
 TARGET_US = 500
 PREFILL_SEQS, PREFILL_TOKENS = 8, 1024  # a prefill step of 8 prompts of 1,024 tokens

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from minipaged.kv_cache import PagedKVCache  # noqa: E402
+from minipaged.kernels.kv_cache import PagedKVCache  # noqa: E402
 
 
 def pageable_copy(src: PagedKVCache, dst: PagedKVCache, pairs) -> None:

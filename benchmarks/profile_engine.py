@@ -3,8 +3,8 @@
     python benchmarks/profile_engine.py [--out DIR] [--engine engine|fast_engine] [--quick]
                                         [--num-requests N] [--window STEPS]
 
-Runs chapter 11's engine (``--engine engine``, the default: ``minipaged.engine.LLMEngine``) or
-chapter 13's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.llm.LLM``; see ``ENGINES``)
+Runs chapter 11's engine (``--engine engine``, the default: ``minipaged.engine.llm_engine.LLMEngine``) or
+chapter 13's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.entrypoints.llm.LLM``; see ``ENGINES``)
 on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape, prompts uniform in 100-1024,
 512 new tokens, EOS ignored, greedy), one ``step()`` at a time. Every step is timed (the engine reads
 its sampled tokens back each step, so a step's wall time is its GPU time plus what the host adds).
@@ -42,25 +42,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, qwen3_06b_config,  # noqa: E402
                                      sync, workload)
-from minipaged.sizing import kv_bytes_per_token  # noqa: E402
+from minipaged.memory.sizing import kv_bytes_per_token  # noqa: E402
 
 
 def chapter11_engine(model, **options):
     """Chapter 11's engine: ``LLMEngine`` with its own parts."""
-    from minipaged.engine import LLMEngine
+    from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)
 
 
 def chapter13_engine(model, **options):
     """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
-    from minipaged.llm import LLM
+    from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)
 
 
-ENGINES = {"engine": (chapter11_engine, "minipaged.engine.LLMEngine"),
-           "fast_engine": (chapter13_engine, "minipaged.llm.LLM")}
+ENGINES = {"engine": (chapter11_engine, "minipaged.engine.llm_engine.LLMEngine"),
+           "fast_engine": (chapter13_engine, "minipaged.entrypoints.llm.LLM")}
 """``--engine`` -> (constructor, the class it builds)"""
 
 
@@ -71,7 +71,7 @@ def engine_of(llm):
 
 def reset_stats(llm) -> None:
     """Fresh counters for the engine and its model runner (which adds to the same ones)."""
-    from minipaged.engine import RunStats
+    from minipaged.engine.llm_engine import RunStats
 
     engine = engine_of(llm)
     engine.stats = engine.runner.stats = RunStats()
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     settle = args.settle if args.settle is not None else (2 if quick else 16)
     dtype = torch.bfloat16 if on_gpu else torch.float32
 
-    from minipaged.scheduler import SamplingParams
+    from minipaged.engine.scheduler import SamplingParams
 
     build = ENGINES[args.engine][0]
     config = qwen3_06b_config(quick and not on_gpu)

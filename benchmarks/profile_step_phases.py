@@ -4,7 +4,7 @@
                                              [--num-requests N] [--max-tokens N]
 
 Runs chapter 13's engine (``--engine fast_engine``, the default: ``minipaged.LLM``) or chapter 11's
-(``--engine engine``: ``minipaged.engine.LLMEngine``) on bench_engine.py's model and workload (random
+(``--engine engine``: ``minipaged.engine.llm_engine.LLMEngine``) on bench_engine.py's model and workload (random
 bf16 Qwen3-0.6B shape, prompts uniform in 100-1024, 512 new tokens, EOS ignored, greedy) and wraps the
 methods of the engine's scheduler and model runner (``engine.runner``) with timers
 (``time.perf_counter``). A step's phases, in the order they run:
@@ -113,7 +113,7 @@ class _LaunchTimed(torch.nn.Module):
 
 def decode_step_walls(llm, prompts, params, timer: PhaseTimer | None) -> list:
     """Serve ``prompts``; per decode step after the last admission: (seconds, phases, batch)."""
-    from minipaged.scheduler import SamplingParams
+    from minipaged.engine.scheduler import SamplingParams
 
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)  # warm-up: kernels compiled, graphs captured
@@ -171,11 +171,11 @@ def main(argv=None) -> int:
     lo, hi = (16, 64) if quick else (100, 1024)
     dtype = torch.bfloat16 if on_gpu else torch.float32
 
-    from minipaged.scheduler import SamplingParams
+    from minipaged.engine.scheduler import SamplingParams
 
     build = ENGINES[args.engine][0]
     if args.stub:  # only the vocabulary matters: the forward never runs
-        from minipaged.qwen3 import tiny_qwen3_config
+        from minipaged.model.qwen3 import tiny_qwen3_config
         config = tiny_qwen3_config(max_position_embeddings=4096)
     else:
         config = qwen3_06b_config(quick and not on_gpu)

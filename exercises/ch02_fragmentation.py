@@ -29,7 +29,7 @@ def first_fit_predictions() -> dict:
                               "(edit exercises/ch02_fragmentation.py, first_fit_predictions)")
 
 
-from minipaged.fragmentation import FirstFitAllocator  # noqa: E402
+from minipaged.book.fragmentation import FirstFitAllocator  # noqa: E402
 
 
 class BestFitAllocator(FirstFitAllocator):

@@ -3,7 +3,7 @@
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
-from minipaged.block_manager import NoFreeBlocksError, TeachingBlockManager  # noqa: F401
+from minipaged.memory.block_manager import NoFreeBlocksError, TeachingBlockManager  # noqa: F401
 
 
 def boundary_rule_counterexamples() -> dict[str, tuple[list[int], list[int], int]]:

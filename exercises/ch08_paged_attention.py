@@ -5,7 +5,7 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
 
 
 def decode_step_kv_bytes(total_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,

@@ -5,7 +5,7 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-from minipaged.qwen3 import Qwen3PagedModel
+from minipaged.model.qwen3 import Qwen3PagedModel
 
 
 def from_hf_linear_rope(hf_model) -> Qwen3PagedModel:

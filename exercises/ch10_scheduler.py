@@ -3,7 +3,7 @@
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
-from minipaged.scheduler import Scheduler, SchedulerConfig, Sequence
+from minipaged.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
 def decode_step_blocks(lengths: list[int], shared_last: list[bool], block_size: int) -> int:

@@ -5,7 +5,7 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 
 import torch
 
-from minipaged.sampler import Sampler
+from minipaged.engine.sampler import Sampler
 
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:

@@ -6,7 +6,7 @@
 
 import sys
 
-from minipaged.cli import main
+from minipaged.entrypoints.cli import main
 
 if __name__ == "__main__" and __package__:  # `python -m minipaged`, not a notebook's cell
     sys.exit(main())

@@ -17,7 +17,7 @@ def first_fit_predictions() -> dict:
     return {"starts": [0, 16, 26, None], "holes": [(4, 4), (31, 1)]}
 
 
-from minipaged.fragmentation import FirstFitAllocator  # noqa: E402
+from minipaged.book.fragmentation import FirstFitAllocator  # noqa: E402
 
 
 class BestFitAllocator(FirstFitAllocator):

@@ -1,6 +1,6 @@
 """Chapter 4 reference solutions."""
 
-from minipaged.block_manager import TeachingBlockManager
+from minipaged.memory.block_manager import TeachingBlockManager
 
 
 def boundary_rule_counterexamples() -> dict[str, tuple[list[int], list[int], int]]:

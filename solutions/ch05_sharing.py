@@ -1,6 +1,6 @@
 """Chapter 5 reference solutions."""
 
-from minipaged.block_manager import NoFreeBlocksError, TeachingBlockManager
+from minipaged.memory.block_manager import NoFreeBlocksError, TeachingBlockManager
 
 
 class SharingTeachingManager(TeachingBlockManager):

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
 
 
 def decode_step_kv_bytes(total_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from minipaged.qwen3 import Qwen3PagedModel, rope_inv_freq
+from minipaged.model.qwen3 import Qwen3PagedModel, rope_inv_freq
 
 
 def from_hf_linear_rope(hf_model) -> Qwen3PagedModel:

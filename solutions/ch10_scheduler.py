@@ -2,7 +2,7 @@
 
 import heapq
 
-from minipaged.scheduler import Scheduler, SchedulerConfig, Sequence
+from minipaged.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
 def decode_step_blocks(lengths: list[int], shared_last: list[bool], block_size: int) -> int:

@@ -2,7 +2,7 @@
 
 import torch
 
-from minipaged.sampler import Sampler
+from minipaged.engine.sampler import Sampler
 
 
 def nucleus(probs: list[float], top_p: float) -> set[int]:

@@ -22,7 +22,7 @@ def smollm2_tokenizer():
 
 def tiny_model(tokenizer, seed=0):
     import torch
-    from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+    from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
     return random_qwen3(tiny_qwen3_config(vocab_size=len(tokenizer)), seed=seed,
                         dtype=torch.float32)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import minipaged
-from minipaged.engine import EngineError, InvalidRequestError, LLMEngine
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
-from minipaged.scheduler import PromptTooLongError, SamplingParams
+from minipaged.engine.llm_engine import EngineError, InvalidRequestError, LLMEngine
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
 
 PROMPTS = [[5, 17, 33, 9, 2, 71], [100, 200, 300], [7, 8, 9, 10, 11, 12, 13]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -72,8 +72,8 @@ def test_seeded_request_ignores_a_top_k_neighbour(hf, reference):
 
 
 def test_fused_sampler_routes_each_row():
-    from minipaged.fast_engine import FusedSampler
-    from minipaged.scheduler import Sequence
+    from minipaged.engine.fast_engine import FusedSampler
+    from minipaged.engine.scheduler import Sequence
 
     torch.manual_seed(0)
     logits = torch.randn(3, 512) * 3
@@ -101,7 +101,7 @@ def test_tiny_temperature_is_greedy(hf, reference, engine, temperature):
 
 
 def test_tiny_temperature_in_sample():
-    from minipaged.sampler import sample
+    from minipaged.engine.sampler import sample
 
     logits = torch.randn(4, 512) * 5
     params = [SamplingParams(temperature=t) for t in (1e-6, 1e-8, 1e-38, 1e-45)]

@@ -6,14 +6,14 @@ import random
 import pytest
 import torch
 
-import minipaged.llm
-from minipaged.decode_attention import (DECODE_ATTENTION, paged_attention,
-                                        paged_attention_reference, paged_attention_torch)
-from minipaged.engine import CacheFormat, LLMEngine, resolve_attention_backend
-from minipaged.fast_engine import FastQwen3Model
-from minipaged.kv_cache import LAYOUTS, KVCacheError, PagedKVCache
-from minipaged.qwen3 import Qwen3PagedModel, random_qwen3, reference_greedy, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+import minipaged.entrypoints.llm
+from minipaged.kernels.decode_attention import (DECODE_ATTENTION, paged_attention,
+                                                paged_attention_reference, paged_attention_torch)
+from minipaged.engine.llm_engine import CacheFormat, LLMEngine, resolve_attention_backend
+from minipaged.engine.fast_engine import FastQwen3Model
+from minipaged.kernels.kv_cache import LAYOUTS, KVCacheError, PagedKVCache
+from minipaged.model.qwen3 import Qwen3PagedModel, random_qwen3, reference_greedy, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 
 NEW = 6
 
@@ -120,7 +120,7 @@ def setup():
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
-ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.llm.LLM],
+ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
                                   ids=["chapter 11", "chapter 13"])
 
 
@@ -133,9 +133,9 @@ def test_auto_is_torch_on_cpu_and_the_fp8_cache_keeps_triton(setup, engine):
     hf, _, _ = setup
     llm = engine(hf, block_size=4, num_blocks=32)
     assert llm.cache.attention_backend == "torch"
-    if engine is minipaged.llm.LLM:
+    if engine is minipaged.entrypoints.llm.LLM:
         assert type(llm.model) is Qwen3PagedModel  # chapter 9's model, not the fused one
-        assert type(minipaged.llm.LLM(hf, num_blocks=32, attention_backend="triton").model) \
+        assert type(minipaged.entrypoints.llm.LLM(hf, num_blocks=32, attention_backend="triton").model) \
             is FastQwen3Model
         fp8 = engine(hf, block_size=4, num_blocks=32, kv_cache_dtype="fp8")
         assert fp8.cache.attention_backend == "triton"

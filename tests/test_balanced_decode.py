@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
-from minipaged.balanced_decode import balanced_paged_attention, plan_decode_work, work_chunk
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.decode_attention import PagedAttentionError, paged_attention_reference
+from minipaged.kernels.balanced_decode import balanced_paged_attention, plan_decode_work, work_chunk
+from minipaged.kernels.kv_cache import PagedKVCache
 
 
 def ragged_case(lengths, block_size, group, dtype, seed=0, head_dim=32, kv_heads=2):

@@ -118,8 +118,8 @@ def test_fp8_subtile_kernel_matches_attention_over_the_dequantized_cache(group, 
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_fp8 import fill
     from benchmarks.archive.experiment_fp8_subtiles import subtile_attention
-    from minipaged.decode_attention import paged_attention_reference
-    from minipaged.fp8_kv_cache import Fp8PagedKVCache
+    from minipaged.kernels.decode_attention import paged_attention_reference
+    from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
 
     gen = torch.Generator().manual_seed(group)
     lengths = [0, 1, 15, 16, 17, 130]             # empty, partial blocks, several tiles

@@ -1,4 +1,4 @@
-"""Focused unit tests of minipaged.block_manager (chapter 4)."""
+"""Focused unit tests of minipaged.memory.block_manager (chapter 4)."""
 
 import copy
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from minipaged.block_manager import (
-    BlockManagerError, DoubleReleaseError, KVBlockManager, NoFreeBlocksError, SequenceExistsError,
-    StepPendingError, TeachingBlockManager, UnknownSequenceError, compute_slot_mapping)
+from minipaged.memory.block_manager import (BlockManagerError, DoubleReleaseError, KVBlockManager,
+                                            NoFreeBlocksError, SequenceExistsError,
+                                            StepPendingError, TeachingBlockManager,
+                                            UnknownSequenceError, compute_slot_mapping)
 
 
 def state_of(m):
@@ -211,7 +212,7 @@ def test_the_generated_module_defines_each_method_once():
     import ast
     import collections
 
-    import minipaged.block_manager as module
+    import minipaged.memory.block_manager as module
 
     tree = ast.parse(open(module.__file__).read())
     for node in tree.body:
@@ -222,7 +223,7 @@ def test_the_generated_module_defines_each_method_once():
 
 
 def test_tables_live_in_the_table_array():
-    from minipaged.block_manager import BlockTable, LiveSequences
+    from minipaged.memory.block_manager import BlockTable, LiveSequences
 
     m = KVBlockManager(8, 2)
     m.create_sequence("a")

@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minipaged.block_manager import KVBlockManager, NoFreeBlocksError
+from minipaged.memory.block_manager import KVBlockManager, NoFreeBlocksError
 
 # 150 programs per state machine in CI; HYPOTHESIS_PROFILE=long runs 2,000 (the release check).
 PROGRAMS = {"long": 2000}.get(os.environ.get("HYPOTHESIS_PROFILE", ""), 150)
@@ -185,7 +185,7 @@ TestBlockManager.settings = SETTINGS
 
 # ---- chapter 5: reference counts, fork, copy-on-write, swapping ----------------------------------
 
-from minipaged.sharing import SharingBlockManager  # noqa: E402
+from minipaged.memory.sharing import SharingBlockManager  # noqa: E402
 
 
 def check_sharing(m):
@@ -273,7 +273,7 @@ TestSharing.settings = SETTINGS
 
 # ---- chapter 6: prefix caching (with a colliding hash), eviction, chunked prefill -------------
 
-from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager  # noqa: E402
 
 
 def weak_hash(parent, tokens):

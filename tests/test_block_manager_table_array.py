@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from minipaged.block_manager import (BlockTable, BlockTableArray, KVBlockManager, LiveSequences,
-                                     SequenceState)
-from minipaged.prefix_cache import PrefixCachingBlockManager
-from minipaged.sharing import SharingBlockManager
+from minipaged.memory.block_manager import (BlockTable, BlockTableArray, KVBlockManager,
+                                            LiveSequences, SequenceState)
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager
+from minipaged.memory.sharing import SharingBlockManager
 
 
 def padded(tables, pad):

@@ -5,10 +5,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.block_table import (BlockAddress, BlockTableError, block_size_sweep, blocks_needed,
-                                   last_block_waste, locate, memory_map, needs_new_block,
-                                   pad_block_tables, physical_address, slot_for, slot_to_address,
-                                   slots_for_positions, slots_for_range)
+from minipaged.memory.block_table import (BlockAddress, BlockTableError, block_size_sweep,
+                                          blocks_needed, last_block_waste, locate, memory_map,
+                                          needs_new_block, pad_block_tables, physical_address,
+                                          slot_for, slot_to_address, slots_for_positions,
+                                          slots_for_range)
 
 block_sizes = st.integers(1, 64)
 
@@ -119,11 +120,11 @@ def test_memory_map_owners_free_blocks_and_errors():
 
 def test_every_public_name_is_importable_from_its_module():
     import minipaged
-    import minipaged.block_table as block_table
+    import minipaged.memory.block_table as block_table
 
     missing = [n for n in block_table.__all__ if not hasattr(block_table, n)]
-    assert not missing, f"in minipaged.block_table.__all__ but not defined: {missing}"
+    assert not missing, f"in minipaged.memory.block_table.__all__ but not defined: {missing}"
     assert block_table.slots_for_positions is slots_for_positions
     # not a top-level name (chapter 3 lists no `api:`); the error says where to import it from
-    with pytest.raises(AttributeError, match="from minipaged.block_table import slots_for_"):
+    with pytest.raises(AttributeError, match="from minipaged.memory.block_table import slots_for_"):
         minipaged.slots_for_positions  # noqa: B018

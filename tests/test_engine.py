@@ -7,10 +7,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minipaged.llm
-from minipaged.engine import InvalidRequestError, LLMEngine
-from minipaged.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+import minipaged.entrypoints.llm
+from minipaged.engine.llm_engine import InvalidRequestError, LLMEngine
+from minipaged.model.qwen3 import random_qwen3, reference_greedy, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 
 NEW = 6
 
@@ -26,7 +26,7 @@ def setup():
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
-ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.llm.LLM],
+ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
                                   ids=["chapter 11", "chapter 13"])
 
 

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from minipaged.engine_loop import EngineLoop, EngineLoopClosedError
-from minipaged.llm import LLM
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+from minipaged.entrypoints.engine_loop import EngineLoop, EngineLoopClosedError
+from minipaged.entrypoints.llm import LLM
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [20, 21, 22, 23, 24, 25, 26]]

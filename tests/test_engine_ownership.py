@@ -5,11 +5,11 @@ import threading
 
 import pytest
 
-import minipaged.llm
-from minipaged.engine import EngineBusyError, LLMEngine
+import minipaged.entrypoints.llm
+from minipaged.engine.llm_engine import EngineBusyError, LLMEngine
 from tests.test_engine import GREEDY, setup  # noqa: F401  (the tiny model, prompts, greedy reference)
 
-ENGINES = pytest.mark.parametrize("make", [LLMEngine, minipaged.llm.LLM],
+ENGINES = pytest.mark.parametrize("make", [LLMEngine, minipaged.entrypoints.llm.LLM],
                                   ids=["chapter 11", "minipaged.LLM"])
 
 

@@ -207,7 +207,7 @@ def test_continued_cells_become_one_ordinary_class(book):
 
 
 def test_the_notebook_runs_the_same_class_through_add_to_class():
-    from minipaged.runtime import add_to_class
+    from minipaged.book.notebook import add_to_class
 
     class Box:
         def __init__(self, value):
@@ -456,6 +456,6 @@ def test_the_package_top_level_is_small_and_every_name_resolves():
         value = getattr(minipaged, name)
         module = import_module(f"minipaged.{minipaged._PUBLIC[name]}")
         assert value is getattr(module, name) and name in module.__all__
-    from minipaged.block_manager import TeachingBlockManager  # a book helper: its module only
+    from minipaged.memory.block_manager import TeachingBlockManager  # a book helper: its module only
     assert TeachingBlockManager and "TeachingBlockManager" not in minipaged.__all__
-    assert minipaged.LLM is import_module("minipaged.llm").LLM  # the book's best engine
+    assert minipaged.LLM is import_module("minipaged.entrypoints.llm").LLM  # the book's best engine

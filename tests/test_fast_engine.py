@@ -10,23 +10,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minipaged
-import minipaged.fast_engine
-import minipaged.sampler
-from minipaged.engine import LLMEngine
-from minipaged.llm import LLM as PackageLLM
+import minipaged.engine.fast_engine
+import minipaged.engine.sampler
+from minipaged.engine.llm_engine import LLMEngine
+from minipaged.entrypoints.llm import LLM as PackageLLM
 
 # The fast parts are Triton kernels; on a CPU attention_backend="auto" would choose PyTorch.
 LLM = functools.partial(PackageLLM, attention_backend="triton")
-from minipaged.fast_engine import (FastQwen3Model, PrefillPlan, add_rms_norm,
-                                   add_rms_norm_reference, fuse_linears, fused_weight_bytes,
-                                   paged_prefill_attention, qk_norm_rope, qk_norm_rope_reference,
-                                   reads_pool_directly, silu_mul, silu_mul_reference)
-from minipaged.block_table import blocks_needed
-from minipaged.kv_cache import PagedKVCache
-from minipaged.qwen3 import (ForwardBatch, Qwen3PagedModel, greedy_generate, prefill_attention,
-                             random_qwen3, reference_greedy, rope_cos_sin, rope_inv_freq,
-                             tiny_qwen3_config)
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.fast_engine import (FastQwen3Model, PrefillPlan, add_rms_norm,
+                                          add_rms_norm_reference, fuse_linears, fused_weight_bytes,
+                                          paged_prefill_attention, qk_norm_rope,
+                                          qk_norm_rope_reference, reads_pool_directly, silu_mul,
+                                          silu_mul_reference)
+from minipaged.memory.block_table import blocks_needed
+from minipaged.kernels.kv_cache import PagedKVCache
+from minipaged.model.qwen3 import (ForwardBatch, Qwen3PagedModel, greedy_generate,
+                                   prefill_attention, random_qwen3, reference_greedy, rope_cos_sin,
+                                   rope_inv_freq, tiny_qwen3_config)
+from minipaged.engine.scheduler import SamplingParams
 
 NEW = 6
 DTYPES = [torch.float32, torch.float16]
@@ -278,7 +279,7 @@ class SpyCache(PagedKVCache):
         return super().write(*args, **kwargs)
 
     def paged_attention(self, query, layer, block_tables, seq_lens, scale=None):
-        from minipaged.decode_attention import paged_attention
+        from minipaged.kernels.decode_attention import paged_attention
 
         type(self).reads += 1
         return paged_attention(query, self, layer, block_tables, seq_lens, scale=scale)
@@ -302,7 +303,7 @@ def test_paged_prefill_on_and_off_give_the_same_tokens(setup, monkeypatch):
     hf, prompts, reference = setup
     fast = FastQwen3Model.from_hf(hf)
     calls = []
-    import minipaged.fast_engine as fe
+    import minipaged.engine.fast_engine as fe
     original = fe.paged_prefill_attention
     monkeypatch.setattr(fe, "paged_prefill_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
     on = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
@@ -323,8 +324,8 @@ def tokens(outputs):
 
 
 def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
-    from minipaged.fast_engine import FusedSampler, OverlapScheduler, OverlapStepLoop
-    from minipaged.llm import FAST_PARTS
+    from minipaged.engine.fast_engine import FusedSampler, OverlapScheduler, OverlapStepLoop
+    from minipaged.entrypoints.llm import FAST_PARTS
 
     assert minipaged.LLM is PackageLLM and not issubclass(PackageLLM, LLMEngine)
     llm = LLM(setup[0], block_size=4)
@@ -472,7 +473,7 @@ def test_fused_sampling_seeded_requests_ignore_the_batch(setup, monkeypatch):
     """A seeded request draws the same tokens alone and beside other requests (seeded,
     unseeded, greedy), through sample_fused and never chapter 11's sampler."""
     hf, prompts, _ = setup
-    monkeypatch.setattr(minipaged.sampler, "sample",
+    monkeypatch.setattr(minipaged.engine.sampler, "sample",
                         lambda *a: pytest.fail("chapter 11's sampler was called"))
     llm = LLM(hf, block_size=2)
     seeded = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
@@ -489,7 +490,7 @@ def test_fused_sampling_seeded_requests_ignore_the_batch(setup, monkeypatch):
 
 
 def test_sample_fused_greedy_rows_break_ties_like_argmax():
-    from minipaged.fast_engine import sample_fused
+    from minipaged.engine.fast_engine import sample_fused
 
     logits = torch.zeros(3, 700)
     logits[0, [5, 600]] = 2.0  # a tie across two lanes and two tiles
@@ -503,7 +504,7 @@ def test_sample_fused_greedy_rows_break_ties_like_argmax():
 def test_the_fast_engine_serves_an_fp8_cache_too():
     """Chapter 13's LLM subclasses chapter 12's: kv_cache_dtype='fp8' composes with the fused
     model, whose paged prefill kernel reads the e4m3 blocks and their scales."""
-    from minipaged.fp8_kv_cache import Fp8PagedKVCache
+    from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
 
     hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
@@ -520,7 +521,7 @@ def test_fp8_prefill_reads_the_pool_so_prefix_hits_change_nothing(monkeypatch):
     """With the e4m3 cache the paged prefill kernel reads every key quantized, cached or
     new: prefix caching on and off give the same tokens, and chapter 9's prefill (which
     would attend over the new tokens unquantized) is never called."""
-    import minipaged.fast_engine as fast_engine
+    import minipaged.engine.fast_engine as fast_engine
 
     def refuse(*args, **kwargs):
         raise AssertionError("chapter 9's prefill_attention was called")

@@ -1,4 +1,4 @@
-"""Unit tests of minipaged.fp8_kv_cache (CPU: Triton interpreter; GPU: compiled, sm89+)."""
+"""Unit tests of minipaged.kernels.fp8_kv_cache (CPU: Triton interpreter; GPU: compiled, sm89+)."""
 
 import math
 import random
@@ -8,16 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import minipaged.fp8_kv_cache as fp8
+import minipaged.kernels.fp8_kv_cache as fp8
 import triton
 import triton.language as tl
-from minipaged.block_table import blocks_needed
-from minipaged.decode_attention import PagedAttentionError, paged_attention_reference
-from minipaged.engine import MODEL_DTYPE_CACHE, CacheFormat, EngineParts, LLMEngine
-from minipaged.fp8_kv_cache import (FP8_DTYPE, FP8_MAX, Fp8PagedKVCache, fp8_block_bytes, new_fp8_cache,
-                                    dequantize_reference, fp8_bytes_per_token,
-                                    fp8_supported, quantize_reference)
-from minipaged.kv_cache import KVCacheError
+from minipaged.memory.block_table import blocks_needed
+from minipaged.kernels.decode_attention import PagedAttentionError, paged_attention_reference
+from minipaged.engine.llm_engine import MODEL_DTYPE_CACHE, CacheFormat, EngineParts, LLMEngine
+from minipaged.kernels.fp8_kv_cache import (FP8_DTYPE, FP8_MAX, Fp8PagedKVCache, fp8_block_bytes,
+                                            new_fp8_cache, dequantize_reference,
+                                            fp8_bytes_per_token, fp8_supported, quantize_reference)
+from minipaged.kernels.kv_cache import KVCacheError
 from minipaged.runtime import default_device
 
 DEVICE = default_device()
@@ -300,7 +300,7 @@ def test_sizes_count_the_scales():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+    from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 
     return random_qwen3(tiny_qwen3_config(), seed=0, device=DEVICE)
 
@@ -336,7 +336,7 @@ def test_engine_fp8_runs_frees_and_mostly_agrees(tiny):
 def test_teacher_forced_greedy_tokens_mostly_agree(tiny):
     """Fed the same tokens, the fp8 cache's decode steps pick the full-precision argmax
     nearly always (free-running runs diverge at the first flip: not a fair measure)."""
-    from minipaged.qwen3 import ForwardBatch, Qwen3PagedModel
+    from minipaged.model.qwen3 import ForwardBatch, Qwen3PagedModel
 
     model = Qwen3PagedModel.from_hf(tiny)
     rng = random.Random(1)

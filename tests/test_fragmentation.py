@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.fragmentation import (POLICIES, WORKLOADS, FirstFitAllocator, TraceFormatError,
-                                     TraceRequest, clipped_lognormal_mean, fit_lognormal_mu,
-                                     generate_workload, read_trace_csv, reservation_tokens,
-                                     simulate)
+from minipaged.book.fragmentation import (POLICIES, WORKLOADS, FirstFitAllocator, TraceFormatError,
+                                          TraceRequest, clipped_lognormal_mean, fit_lognormal_mu,
+                                          generate_workload, read_trace_csv, reservation_tokens,
+                                          simulate)
 
 STATES = ("token_states", "reservation", "internal", "external", "headroom", "blocked", "free")
 
@@ -160,7 +160,7 @@ WRITER = textwrap.dedent("""
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "minipaged.fragmentation", *args],
+    return subprocess.run([sys.executable, "-m", "minipaged.book.fragmentation", *args],
                           capture_output=True, text=True, timeout=120)
 
 

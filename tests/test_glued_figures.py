@@ -322,7 +322,8 @@ The kernel is {glue:text}`speedup:.1f` times faster, on {glue:text}`rows` rows; 
 ```{code-cell} ipython3
 :tags: [remove-cell]
 import json
-from minipaged.runtime import glue, results_path
+from minipaged.runtime import results_path
+from minipaged.book.notebook import glue
 
 recorded = json.loads(results_path("fast_engine_h200.json").read_text())
 glue("rows", len(recorded["rows"]))
@@ -428,7 +429,7 @@ def rows_by(name: str, key: str) -> dict:
 def test_ch01_kv_dominates_small_models_early_and_70b_nearly_fills_one_h200():
     """Chapter 1: "KV dominates small models almost at once"; "Llama-3.1-70B's weights alone
     nearly fill one H200" (the H200's memory as its GPU run recorded it)."""
-    from minipaged.sizing import kv_shape_from_config, parameter_count, reference_configs
+    from minipaged.memory.sizing import kv_shape_from_config, parameter_count, reference_configs
 
     configs = reference_configs()
     qwen = configs["Qwen3-0.6B"]
@@ -443,7 +444,7 @@ def test_ch02_equal_units_never_fragment_and_best_fit_barely_helps(monkeypatch):
     """Chapter 2: under `max` and paging "no external fragmentation at all"; "only" a small share
     of the oracle's free memory is too little for the waiting request; exercise 2.4's best fit
     shaves the oracle's external fragmentation "by a point or two, no more"."""
-    import minipaged.fragmentation as frag
+    import minipaged.book.fragmentation as frag
     from solutions.ch02_fragmentation import BestFitAllocator
 
     requests = frag.generate_workload("sharegpt", 600, seed=0)
@@ -526,7 +527,7 @@ def test_ch09_bf16_errors_are_roundings_and_divergences_happen_at_near_ties():
     step "barely slows down with four times the work"."""
     import torch
 
-    from minipaged.qwen3 import ATTENTION_TOLERANCE, LOGITS_TOLERANCE, qwen3_0_6b_config
+    from minipaged.model.qwen3 import ATTENTION_TOLERANCE, LOGITS_TOLERANCE, qwen3_0_6b_config
 
     run = record("qwen3_decode_h200.json")
     config, shape = run["config"], qwen3_0_6b_config()

@@ -120,9 +120,9 @@ def test_compile_targets_finds_every_kernel_and_its_inlined_helpers():
                           cwd=Path(__file__).resolve().parent.parent, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     kernels, helpers = done.stdout.strip().splitlines()[-2:]
-    for name in ("kv_cache._write_kv_kernel", "decode_attention._paged_decode_kernel"):
+    for name in ("kernels.kv_cache._write_kv_kernel", "kernels.decode_attention._paged_decode_kernel"):
         assert name in kernels
-    assert "decode_attention._attend_tiles" in helpers  # compiled inside its callers
+    assert "kernels.decode_attention._attend_tiles" in helpers  # compiled inside its callers
 
 
 def test_compile_targets_skips_e4m3_specializations_before_sm89():
@@ -134,7 +134,7 @@ def test_compile_targets_skips_e4m3_specializations_before_sm89():
 import sys; sys.path[:0] = ['tools', '.']
 import json, triton, compile_targets as ct
 from triton.compiler import ASTSource
-kernel = ct.find_kernels()['fast_engine._paged_prefill_kernel']
+kernel = ct.find_kernels()["engine.fast_engine._paged_prefill_kernel"]
 def spec(kv, scale):
     ptrs = {'q_ptr': '*bf16', 'k_ptr': kv, 'v_ptr': kv, 'out_ptr': '*bf16', 'ks_ptr': scale,
             'vs_ptr': scale}

@@ -1,13 +1,13 @@
-"""Unit tests of minipaged.kv_cache beyond the chapter's own checks (CPU: Triton interpreter)."""
+"""Unit tests of minipaged.kernels.kv_cache beyond the chapter's own checks (CPU: Triton interpreter)."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.kv_cache import (LAYOUTS, KVCacheError, PagedKVCache, copy_blocks_reference,
-                                write_kv_reference)
-from minipaged.sizing import kv_bytes_per_token
+from minipaged.kernels.kv_cache import (LAYOUTS, KVCacheError, PagedKVCache, copy_blocks_reference,
+                                        write_kv_reference)
+from minipaged.memory.sizing import kv_bytes_per_token
 
 
 def filled(cache: PagedKVCache, seed: int = 0) -> PagedKVCache:
@@ -194,7 +194,7 @@ def _assert_histories(manager, cache, expected):
 def test_sharing_managers_copy_lists_run_on_the_cache(layout):
     """Chapter 5's copy-on-write and swap copy lists, executed by this cache: after forks, copies,
     a swap out and in, and block reuse, every sequence reads back exactly its own history."""
-    from minipaged.sharing import SharingBlockManager
+    from minipaged.memory.sharing import SharingBlockManager
 
     manager = SharingBlockManager(num_physical_blocks=12, block_size=4, num_cpu_blocks=6)
     cache = PagedKVCache(2, 12, 4, 2, 8, torch.float32, "cpu", layout)
@@ -221,7 +221,7 @@ def test_sharing_managers_copy_lists_run_on_the_cache(layout):
 def test_prefix_cache_hits_point_at_blocks_holding_the_same_tokens():
     """Chapter 6's cache hits, read through this cache: a request that reuses cached blocks reads
     back exactly what it would have written itself (values depend on token and position only)."""
-    from minipaged.prefix_cache import PrefixCachingBlockManager
+    from minipaged.memory.prefix_cache import PrefixCachingBlockManager
 
     manager = PrefixCachingBlockManager(num_physical_blocks=10, block_size=4)
     cache = PagedKVCache(1, 10, 4, 1, 8, torch.float32, "cpu")

@@ -4,10 +4,10 @@ chapter 13's fused RoPE without QK-norm, and load_model's local paths (fast: tin
 import pytest
 import torch
 
-from minipaged.qwen3 import (ForwardBatch, Qwen3PagedModel, UnsupportedConfigError,
-                             greedy_generate, has_qk_norm, load_model, random_llama,
-                             random_qwen3, reference_greedy, rope_cos_sin, rope_inv_freq,
-                             tiny_llama_config, tiny_qwen3_config)
+from minipaged.model.qwen3 import (ForwardBatch, Qwen3PagedModel, UnsupportedConfigError,
+                                   greedy_generate, has_qk_norm, load_model, random_llama,
+                                   random_qwen3, reference_greedy, rope_cos_sin, rope_inv_freq,
+                                   tiny_llama_config, tiny_qwen3_config)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,8 @@ def test_a_qwen3_state_dict_under_a_llama_config_is_refused(hf_llama):
 
 
 def test_fused_rope_without_qk_norm_equals_chapter_9s_rope():
-    from minipaged.fast_engine import qk_norm_rope, qk_norm_rope_reference
-    from minipaged.qwen3 import apply_rope
+    from minipaged.engine.fast_engine import qk_norm_rope, qk_norm_rope_reference
+    from minipaged.model.qwen3 import apply_rope
 
     torch.manual_seed(0)
     hq, hkv, d, n = 3, 1, 24, 5
@@ -99,7 +99,7 @@ def test_fused_rope_without_qk_norm_equals_chapter_9s_rope():
 
 
 def test_the_fast_model_serves_a_llama(hf_llama):
-    from minipaged.fast_engine import as_fast_model
+    from minipaged.engine.fast_engine import as_fast_model
 
     fast = as_fast_model(Qwen3PagedModel.from_hf(hf_llama))
     assert fast.layers[0].self_attn.q_norm is None

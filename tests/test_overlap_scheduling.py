@@ -6,9 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minipaged.fast_engine import UNRESOLVED, OverlapScheduler
-from minipaged.llm import LLM
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.fast_engine import UNRESOLVED, OverlapScheduler
+from minipaged.entrypoints.llm import LLM
+from minipaged.engine.scheduler import SamplingParams
 from tests.test_engine import NEW, setup  # noqa: F401  (the tiny model, prompts, greedy reference)
 
 

@@ -146,9 +146,10 @@ def test_the_installed_wheel_imports_where_triton_is_not_installed(installed):
         "import sys\n"
         "sys.modules['triton'] = None   # import triton -> ImportError\n"
         "import importlib, pathlib, pkgutil, minipaged\n"
-        "names = [m.name for m in pkgutil.iter_modules(minipaged.__path__) if m.name != '__main__']\n"
+        "names = [m.name for m in pkgutil.walk_packages(minipaged.__path__, 'minipaged.')\n"
+        "         if not m.ispkg and m.name != 'minipaged.__main__']\n"
         "for name in names:\n"
-        "    importlib.import_module(f'minipaged.{name}')\n"
+        "    importlib.import_module(name)\n"
         "from minipaged.runtime import has_triton\n"
         "print(len(names), has_triton(), pathlib.Path(minipaged.__file__).resolve())\n"
     )

@@ -1,9 +1,9 @@
-"""Focused unit tests of minipaged.prefix_cache (chapter 6)."""
+"""Focused unit tests of minipaged.memory.prefix_cache (chapter 6)."""
 
 import pytest
 
-from minipaged.block_manager import SequenceExistsError, StepPendingError, UnknownSequenceError
-from minipaged.prefix_cache import LRUFreeBlockQueue, PrefixCachingBlockManager, chained_block_hash
+from minipaged.memory.block_manager import SequenceExistsError, StepPendingError, UnknownSequenceError
+from minipaged.memory.prefix_cache import LRUFreeBlockQueue, PrefixCachingBlockManager, chained_block_hash
 
 
 def prefill(m, seq, prompt):
@@ -221,7 +221,7 @@ def test_scheduler_and_engine_use_only_the_documented_manager_api():
     import minipaged
 
     used = set()
-    for name in ("scheduler.py", "engine.py"):
+    for name in ("engine/scheduler.py", "engine/llm_engine.py"):
         tree = ast.parse((Path(minipaged.__file__).parent / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute):
@@ -238,7 +238,7 @@ def test_scheduler_and_engine_use_only_the_documented_manager_api():
 def test_admission_looks_a_waiting_prompt_up_once_per_step(monkeypatch):
     """The scheduler hands match_prefix's hits to num_blocks_for_prompt and allocate_prompt
     instead of matching the prompt again (vLLM v1: get_computed_blocks -> allocate_slots)."""
-    from minipaged.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
+    from minipaged.engine.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
 
     m = PrefixCachingBlockManager(num_physical_blocks=16, block_size=4)
     scheduler = Scheduler(m, SchedulerConfig(max_model_len=64))

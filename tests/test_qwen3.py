@@ -1,4 +1,4 @@
-"""Unit tests of minipaged.qwen3: the paged Qwen3 against transformers, offline, on a tiny model."""
+"""Unit tests of minipaged.model.qwen3: the paged Qwen3 against transformers, offline, on a tiny model."""
 
 import os
 
@@ -7,10 +7,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the netwo
 import pytest
 import torch
 
-from minipaged.qwen3 import (ATTENTION_TOLERANCE, ForwardBatch, HubUnavailableError, Qwen3PagedModel,
-                             RMSNorm, UnsupportedConfigError, apply_rope, attention_parity,
-                             greedy_generate, load_hub_qwen3, reference_greedy, random_qwen3,
-                             rope_cos_sin, tiny_qwen3_config)
+from minipaged.model.qwen3 import (ATTENTION_TOLERANCE, ForwardBatch, HubUnavailableError,
+                                   Qwen3PagedModel, RMSNorm, UnsupportedConfigError, apply_rope,
+                                   attention_parity, greedy_generate, load_hub_qwen3,
+                                   reference_greedy, random_qwen3, rope_cos_sin, tiny_qwen3_config)
 
 PROMPT_LENGTHS = (1, 2, 3, 5, 11)
 
@@ -171,8 +171,8 @@ def test_prefill_attention_keeps_sdpa_off_cudnn(monkeypatch):
     """cuDNN's SDPA plans anew for every prompt length (slow prefill on a GPU): prefill must not use it."""
     import torch.nn.functional as F
 
-    from minipaged.qwen3 import prefill_attention
-    from minipaged.kv_cache import PagedKVCache
+    from minipaged.model.qwen3 import prefill_attention
+    from minipaged.kernels.kv_cache import PagedKVCache
 
     enabled_before = torch.backends.cuda.cudnn_sdp_enabled()
     seen, real = [], F.scaled_dot_product_attention
@@ -193,7 +193,7 @@ def test_prefill_attention_keeps_sdpa_off_cudnn(monkeypatch):
 
 def test_fp16_parity_within_its_tolerance(prompts):
     """The fp16 path (the chapter's dtype on GPUs without native bf16, a T4) stays in bounds."""
-    from minipaged.qwen3 import LOGITS_TOLERANCE
+    from minipaged.model.qwen3 import LOGITS_TOLERANCE
 
     assert ATTENTION_TOLERANCE[torch.float32] < ATTENTION_TOLERANCE[torch.float16] \
         < ATTENTION_TOLERANCE[torch.bfloat16]

@@ -11,13 +11,13 @@ import os
 import pytest
 import torch
 
-import minipaged.llm
-from minipaged.engine import LLMEngine
-from minipaged.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, load_model, random_llama,
-                             real_model_available, reference_greedy, tiny_llama_config)
-from minipaged.scheduler import SamplingParams
+import minipaged.entrypoints.llm
+from minipaged.engine.llm_engine import LLMEngine
+from minipaged.model.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, load_model, random_llama,
+                                   real_model_available, reference_greedy, tiny_llama_config)
+from minipaged.engine.scheduler import SamplingParams
 
-ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.llm.LLM],
+ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
                                   ids=["chapter 11", "chapter 13"])
 
 
@@ -56,8 +56,8 @@ def test_tiny_llama_preempted_keeps_its_tokens(tiny_llama):
 
 def test_tiny_llama_on_the_fp8_cache(tiny_llama):
     """Chapter 12's cache format under chapter 11's engine (prefill reads nothing back)."""
-    from minipaged.engine import CacheFormat, EngineParts
-    from minipaged.fp8_kv_cache import Fp8PagedKVCache, fp8_block_bytes, new_fp8_cache
+    from minipaged.engine.llm_engine import CacheFormat, EngineParts
+    from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache, fp8_block_bytes, new_fp8_cache
 
     hf, prompts, reference = tiny_llama
     parts = EngineParts().with_cache_format("fp8", CacheFormat(new_fp8_cache, fp8_block_bytes))
@@ -133,7 +133,7 @@ def test_the_real_model_preempted_without_prefix_caching_keeps_its_tokens(real):
 
 
 def test_load_model_sends_other_names_to_the_hub_and_fails_clearly_offline():
-    from minipaged.qwen3 import HubUnavailableError
+    from minipaged.model.qwen3 import HubUnavailableError
 
     with pytest.raises(HubUnavailableError, match="could not load"):
         load_model("HuggingFaceTB/SmolLM2-135M-Instruct-not-here", local_files_only=True)

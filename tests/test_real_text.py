@@ -12,15 +12,16 @@ import pytest
 import torch
 
 import minipaged.runtime  # noqa: F401  (TRITON_INTERPRET on a CPU)
-from minipaged.block_table import blocks_needed
-from minipaged.engine import LLMEngine
-from minipaged.fp8_kv_cache import (CalibratedStore, Fp8PagedKVCache, RoundTripKVCache,
-                                    attention_inputs, causal_attention, channel_ratio,
-                                    per_slot, per_tensor_calibrated, real_key_errors,
-                                    row_store, teacher_forced)
-from minipaged.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, Qwen3PagedModel, load_model,
-                             random_llama, real_model_available, tiny_llama_config)
-from minipaged.scheduler import SamplingParams
+from minipaged.memory.block_table import blocks_needed
+from minipaged.engine.llm_engine import LLMEngine
+from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
+from minipaged.book.fp8_accuracy import (CalibratedStore, RoundTripKVCache, attention_inputs,
+                                         causal_attention, channel_ratio, per_slot,
+                                         per_tensor_calibrated, real_key_errors, row_store,
+                                         teacher_forced)
+from minipaged.model.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, Qwen3PagedModel, load_model,
+                                   random_llama, real_model_available, tiny_llama_config)
+from minipaged.engine.scheduler import SamplingParams
 
 needs_real_model = pytest.mark.skipif(
     not real_model_available(),

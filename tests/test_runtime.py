@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 KERNEL_CALLS = """
 import torch, triton, triton.language as tl
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
 
 @triton.jit
 def shift(x_ptr, N: tl.constexpr):  # tl.max, tl.cdiv, tl.sum and the method form x.max()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from minipaged.sampler import make_generator, sample
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.sampler import make_generator, sample
+from minipaged.engine.scheduler import SamplingParams
 
 
 def test_sampling_params_validate():

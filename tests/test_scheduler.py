@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.block_manager import KVBlockManager
-from minipaged.sharing import SharingBlockManager
-from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler, SchedulerConfig,
-                                 SchedulerError, Sequence, SequenceStatus)
+from minipaged.memory.block_manager import KVBlockManager
+from minipaged.memory.sharing import SharingBlockManager
+from minipaged.engine.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
+                                        SchedulerConfig, SchedulerError, Sequence, SequenceStatus)
 
 
 def make(num_blocks=24, block_size=4, manager_cls=KVBlockManager, **config):
@@ -173,7 +173,7 @@ def test_stop_tokens_and_eos():
        mode=st.sampled_from(["recompute", "swap"]), policy=st.sampled_from(["decode_first", "prefill_first"]),
        chunked=st.booleans())
 def test_prefix_caching_manager_with_shared_prompts(seed, num_blocks, block_size, mode, policy, chunked):
-    from minipaged.prefix_cache import PrefixCachingBlockManager
+    from minipaged.memory.prefix_cache import PrefixCachingBlockManager
 
     manager = PrefixCachingBlockManager(num_blocks, block_size, num_cpu_blocks=num_blocks)
     capacity = num_blocks * block_size

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.block_manager import KVBlockManager
-from minipaged.prefix_cache import PrefixCachingBlockManager
-from minipaged.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence, SequenceStatus
+from minipaged.memory.block_manager import KVBlockManager
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager
+from minipaged.engine.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence, SequenceStatus
 
 
 def reference_stop(seq, token, eos, config, num_blocks, block_size):

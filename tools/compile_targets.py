@@ -35,13 +35,15 @@ def find_kernels() -> dict:
     import minipaged
 
     found = {}
-    for info in pkgutil.iter_modules(minipaged.__path__):
-        module = importlib.import_module(f"minipaged.{info.name}")
+    for info in pkgutil.walk_packages(minipaged.__path__, "minipaged."):
+        if info.ispkg or info.name == "minipaged.__main__":
+            continue
+        module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):  # autotune wrappers
                 obj = obj.fn
             if isinstance(obj, JITFunction) and obj.__module__ == module.__name__:
-                found[f"{info.name}.{name}"] = obj
+                found[f"{info.name.removeprefix('minipaged.')}.{name}"] = obj
     return found
 
 
@@ -87,9 +89,9 @@ def exercise_kernels() -> None:
     """Call every kernel once per dtype and head size on the GPU here (small sizes)."""
     import torch
 
-    from minipaged import decode_attention
-    from minipaged.decode_attention import paged_attention
-    from minipaged.kv_cache import PagedKVCache
+    from minipaged.kernels import decode_attention
+    from minipaged.kernels.decode_attention import paged_attention
+    from minipaged.kernels.kv_cache import PagedKVCache
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for head_dim in (64, 128):
@@ -125,7 +127,7 @@ def exercise_fp8_cache(dtype, head_dim: int) -> None:
     import torch
 
     try:
-        from minipaged.fp8_kv_cache import Fp8PagedKVCache, fp8_supported
+        from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache, fp8_supported
     except ImportError:
         return
     if not fp8_supported("cuda"):
@@ -142,8 +144,8 @@ def exercise_fp8_cache(dtype, head_dim: int) -> None:
     for splits in (1, 4):
         cache.paged_attention(query, 0, tables, lens, num_splits=splits)
     try:
-        from minipaged import fast_engine
-        from minipaged.qwen3 import ForwardBatch
+        from minipaged.engine.llm_engine import fast_engine
+        from minipaged.model.qwen3 import ForwardBatch
     except ImportError:
         return
     batch = ForwardBatch.from_sequences([[0] * 20, [0] * 3], [0, 10], [[0, 1], [2]], 16, "cuda")
@@ -156,11 +158,11 @@ def exercise_fast_engine(dtype, head_dim: int) -> None:
     import torch
 
     try:
-        from minipaged import fast_engine
+        from minipaged.engine.llm_engine import fast_engine
     except ImportError:
         return
-    from minipaged.kv_cache import PagedKVCache
-    from minipaged.qwen3 import ForwardBatch, rope_cos_sin, rope_inv_freq
+    from minipaged.kernels.kv_cache import PagedKVCache
+    from minipaged.model.qwen3 import ForwardBatch, rope_cos_sin, rope_inv_freq
 
     def rand(*shape):
         return torch.randn(*shape, device="cuda", dtype=dtype)

@@ -60,13 +60,13 @@ def source(kernel, pointers: dict, constants: dict) -> ASTSource:
 
 def kernel_source(name: str, tile: int) -> ASTSource:
     if name == "bf16":
-        from minipaged.decode_attention import _paged_decode_kernel
+        from minipaged.kernels.decode_attention import _paged_decode_kernel
         return source(_paged_decode_kernel, {"k_ptr": "*bf16", "v_ptr": "*bf16"},
                       dict(GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=16, TILE=tile,
                            GRANULE=tile, SPLIT=False, FP32_PRECISION=None))
     fp8_pointers = {"k_ptr": "*fp8e4nv", "v_pairs_ptr": "*i16"}
     if name == "fp8":
-        from minipaged.fp8_kv_cache import _fp8_decode_kernel
+        from minipaged.kernels.fp8_kv_cache import _fp8_decode_kernel
         return source(_fp8_decode_kernel, fp8_pointers,
                       dict(GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=16, TILE=tile,
                            SPLIT=False, DOT_DTYPE=tl.float16, FP32_PRECISION=None,

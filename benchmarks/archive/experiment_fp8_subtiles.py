@@ -43,11 +43,11 @@ import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter swi
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from minipaged.block_table import ceil_div  # noqa: E402
-from minipaged.decode_attention import (merge_splits_kernel, split_ranges,  # noqa: E402
-                                        choose_num_splits)
-import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
-from minipaged.fp8_kv_cache import _e4m3_pairs  # noqa: E402
+from minipaged.memory.block_table import ceil_div  # noqa: E402
+from minipaged.kernels.decode_attention import (merge_splits_kernel, split_ranges,  # noqa: E402
+                                                choose_num_splits)
+import minipaged.kernels.fp8_kv_cache as fp8_module  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import _e4m3_pairs  # noqa: E402
 from benchmarks.archive.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 

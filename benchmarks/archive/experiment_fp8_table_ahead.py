@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton.language as tl  # noqa: E402
 
-import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
+import minipaged.kernels.fp8_kv_cache as fp8_module  # noqa: E402
 from benchmarks.archive.gpu_record import gpu_main, shipped_case, time_candidate  # noqa: E402
 
 CHAPTER_LOOP = """    for tile_start in range(start, end, TILE):
@@ -158,8 +158,8 @@ def table_ahead_kernel(kind: str = "table"):
         "_attend_fp8_tiles(", "_attend_ahead(")
     path = Path(tempfile.mkdtemp(prefix="minipaged_")) / f"fp8_{kind}_ahead_kernel.py"
     path.write_text("import triton\nimport triton.language as tl\n"
-                    "from minipaged.decode_attention import range_of_split\n"
-                    "from minipaged.fp8_kv_cache import _e4m3_pairs\n\n\n"
+                    "from minipaged.kernels.decode_attention import range_of_split\n"
+                    "from minipaged.kernels.fp8_kv_cache import _e4m3_pairs\n\n\n"
                     f"@triton.jit\n{loop}\n\n@triton.jit\n{outer}")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)

@@ -34,7 +34,7 @@ def write_gpu_record(out: str | Path, name: str, **fields) -> Path:
 def gpu_main(argv, doc: str, name: str, collect, needs_fp8: bool = True) -> int:
     """An experiment's ``main``: ``--out DIR``; exit 2 with a clear line without the GPU it
     needs; else ``collect()``'s fields written to ``DIR/name``."""
-    from minipaged.fp8_kv_cache import fp8_supported
+    from minipaged.kernels.fp8_kv_cache import fp8_supported
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default="results", help="folder for the JSON record")
@@ -77,8 +77,8 @@ def shipped_case(batch: int, length: int, q_heads: int = 32, log=print, device="
     and ``fp8_bytes`` (what the fp8 kernel reads), timed by ``timer``; frees the GPU memory
     after."""
     from benchmarks.bench_fp8 import paired_caches
-    from minipaged.decode_attention import paged_attention
-    from minipaged.fp8_kv_cache import fp8_bytes_per_token
+    from minipaged.kernels.decode_attention import paged_attention
+    from minipaged.kernels.fp8_kv_cache import fp8_bytes_per_token
 
     cache, fp8, query, tables, lens = paired_caches(batch, length, q_heads, 8, 128, 16, device)
     case = SimpleNamespace(fp8=fp8, query=query, tables=tables, lens=lens,

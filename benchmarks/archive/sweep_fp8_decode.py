@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter switch on CPU)
 import triton.language as tl  # noqa: E402
 
-import minipaged.fp8_kv_cache as fp8_module  # noqa: E402
+import minipaged.kernels.fp8_kv_cache as fp8_module  # noqa: E402
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import HEADS, paired_caches  # noqa: E402
-from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.fp8_kv_cache import Fp8Launch, fp8_bytes_per_token, fp8_supported  # noqa: E402
+from minipaged.kernels.decode_attention import paged_attention  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import Fp8Launch, fp8_bytes_per_token, fp8_supported  # noqa: E402
 
 DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16}
 TILES = (32, 64, 128, 256)

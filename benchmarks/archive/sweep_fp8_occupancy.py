@@ -30,8 +30,8 @@ import minipaged.runtime  # noqa: E402,F401  (before triton: the interpreter swi
 from benchmarks.bench_decode_attention import COPY_TBPS, SIZES, bench  # noqa: E402
 from benchmarks.bench_fp8 import paired_caches  # noqa: E402
 from benchmarks.archive.experiment_fp8_subtiles import chapter12_launch  # noqa: E402
-from minipaged.decode_attention import paged_attention  # noqa: E402
-from minipaged.fp8_kv_cache import fp8_bytes_per_token  # noqa: E402
+from minipaged.kernels.decode_attention import paged_attention  # noqa: E402
+from minipaged.kernels.fp8_kv_cache import fp8_bytes_per_token  # noqa: E402
 from benchmarks.archive.gpu_record import gpu_main  # noqa: E402
 
 # (tile, warps, stages, register cap, programs an SM the split aims at)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minipaged.sizing import kv_bytes_per_token_from_config, kv_shape_from_config
+from minipaged.memory.sizing import kv_bytes_per_token_from_config, kv_shape_from_config
 from tests.exercises.answers import load
 
 ex = load("ch01_kv_sizing")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.fragmentation import FirstFitAllocator, TraceRequest, reservation_tokens, simulate
+from minipaged.book.fragmentation import FirstFitAllocator, TraceRequest, reservation_tokens, simulate
 from tests.exercises.answers import load
 
 ex = load("ch02_fragmentation")

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from minipaged.fragmentation import generate_workload
+from minipaged.book.fragmentation import generate_workload
 from tests.exercises.answers import load
 
 ex = load("ch03_block_tables")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.block_manager import NoFreeBlocksError, TeachingBlockManager
+from minipaged.memory.block_manager import NoFreeBlocksError, TeachingBlockManager
 from tests.exercises.answers import load
 
 ex = load("ch04_block_manager")

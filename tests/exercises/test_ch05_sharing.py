@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.block_manager import TeachingBlockManager
+from minipaged.memory.block_manager import TeachingBlockManager
 from tests.exercises.answers import load
 
 ex = load("ch05_sharing")

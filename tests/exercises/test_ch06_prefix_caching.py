@@ -1,6 +1,6 @@
 """Checks for the chapter 6 exercises (exercises/ch06_prefix_caching.py)."""
 
-from minipaged.prefix_cache import chained_block_hash
+from minipaged.memory.prefix_cache import chained_block_hash
 from tests.exercises.answers import load
 
 ex = load("ch06_prefix_caching")
@@ -44,7 +44,7 @@ def test_6_2_reusable_prefix_tokens():
 
 
 def test_6_3_predict_admissions():
-    from minipaged.prefix_cache import PrefixCachingBlockManager
+    from minipaged.memory.prefix_cache import PrefixCachingBlockManager
 
     m, reused, free = PrefixCachingBlockManager(10, 4), [], []
     prompts = {"A": list(range(10)), "B": list(range(8)) + list(range(100, 106)),
@@ -67,7 +67,7 @@ def test_6_3_predict_admissions():
 # Exercise 6.4: the learner's checks must pass on the real manager and fail on each planted bug.
 import pytest  # noqa: E402
 
-from minipaged.prefix_cache import PrefixCachingBlockManager  # noqa: E402
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager  # noqa: E402
 
 
 class NoLastTokenRule(PrefixCachingBlockManager):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from triton.runtime.jit import KernelInterface
 
-from minipaged.kv_cache import PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
 from minipaged.runtime import default_device
 from tests.exercises.answers import load
 
@@ -159,7 +159,7 @@ def test_7_2_the_grader_accepts_a_correct_pytorch_writer():
 
 def _nhd_kernel_then_permute(key_cache, value_cache, key, value, slots):
     """Launches the chapter's NHD kernel into a scratch cache, then permutes it with PyTorch."""
-    from minipaged.kv_cache import PagedKVCache as Cache
+    from minipaged.kernels.kv_cache import PagedKVCache as Cache
     blocks, heads, _, block_size, x = key_cache.shape
     scratch = Cache(1, blocks, block_size, heads, value_cache.shape[2], dtype=key_cache.dtype,
                     device=key_cache.device)

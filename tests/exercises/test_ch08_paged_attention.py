@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from minipaged.block_table import blocks_needed
-from minipaged.kv_cache import PagedKVCache
+from minipaged.memory.block_table import blocks_needed
+from minipaged.kernels.kv_cache import PagedKVCache
 from minipaged.runtime import default_device
 from tests.exercises.answers import load
 

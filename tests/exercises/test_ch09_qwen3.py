@@ -7,9 +7,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from minipaged.qwen3 import (ForwardBatch, Qwen3PagedModel, apply_rope, greedy_generate,
-                             qwen3_0_6b_config, random_qwen3, reference_greedy,
-                             rope_cos_sin, rope_inv_freq, tiny_qwen3_config)
+from minipaged.model.qwen3 import (ForwardBatch, Qwen3PagedModel, apply_rope, greedy_generate,
+                                   qwen3_0_6b_config, random_qwen3, reference_greedy, rope_cos_sin,
+                                   rope_inv_freq, tiny_qwen3_config)
 from tests.exercises.answers import load
 
 ex = load("ch09_qwen3")

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from minipaged.block_manager import KVBlockManager
-from minipaged.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
-from minipaged.sharing import SharingBlockManager
+from minipaged.memory.block_manager import KVBlockManager
+from minipaged.engine.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
+from minipaged.memory.sharing import SharingBlockManager
 from tests.exercises.answers import load
 
 ex = load("ch10_scheduler")

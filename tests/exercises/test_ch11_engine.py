@@ -7,10 +7,10 @@ import torch
 
 from functools import partial
 
-from minipaged.engine import EngineParts, LLMEngine
-from minipaged.sampler import Sampler
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.llm_engine import EngineParts, LLMEngine
+from minipaged.engine.sampler import Sampler
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 from tests.exercises.answers import load
 
 ex = load("ch11_engine")

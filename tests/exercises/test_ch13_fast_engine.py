@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.fast_engine import add_rms_norm_reference  # before triton: the interpreter switch
+from minipaged.engine.fast_engine import add_rms_norm_reference  # before triton: the interpreter switch
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from tests.exercises.answers import load

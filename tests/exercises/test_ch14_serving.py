@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from minipaged.engine import LLMEngine
-from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.llm_engine import LLMEngine
+from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+from minipaged.engine.scheduler import SamplingParams
 from tests.exercises.answers import load
 
 ex = load("ch14_serving")

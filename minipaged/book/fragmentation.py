@@ -8,8 +8,8 @@ Workloads, a first-fit heap, and a simulator that labels every slot at every ste
 
 Run it from the command line::
 
-    python -m minipaged.fragmentation --workload sharegpt --policy paged --block-size 16
-    python -m minipaged.fragmentation --trace requests.csv --policy max \\
+    python -m minipaged.book.fragmentation --workload sharegpt --policy paged --block-size 16
+    python -m minipaged.book.fragmentation --trace requests.csv --policy max \\
         --budget-tokens 16384
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minipaged.sizing import ceil_div
+from minipaged.memory.sizing import ceil_div
 
 __all__ = [
     "TraceRequest", "WorkloadSpec", "WORKLOADS", "TraceFormatError",
@@ -615,7 +615,7 @@ def read_trace_csv(path: str | Path, *, prompt_column: str | None = None,
 def main(argv: list[str] | None = None) -> int:
     """Command line: simulate one policy on a trace or a generated workload (JSON)."""
     parser = argparse.ArgumentParser(
-        prog="python -m minipaged.fragmentation",
+        prog="python -m minipaged.book.fragmentation",
         description="Where KV memory goes under one allocation policy (JSON).")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", type=Path,

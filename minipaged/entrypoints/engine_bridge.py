@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from minipaged.engine import completion_tail
+from minipaged.engine.llm_engine import completion_tail
 
 __all__ = ["SampleDelta", "RequestProgress", "EngineBridge"]
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from minipaged.sizing import block_table_entries, ceil_div
+from minipaged.memory.sizing import block_table_entries, ceil_div
 
 __all__ = [
     "BlockTableError", "BlockAddress", "locate", "physical_address", "slot_for",

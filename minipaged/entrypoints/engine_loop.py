@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from minipaged.engine_bridge import EngineBridge, RequestProgress
+from minipaged.entrypoints.engine_bridge import EngineBridge, RequestProgress
 
 __all__ = ["EngineLoop", "RequestStream", "EngineLoopClosedError", "EngineStepError"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from minipaged.scheduler import SamplingParams, Sequence
+from minipaged.engine.scheduler import SamplingParams, Sequence
 
 __all__ = ["make_generator", "sample", "Sampler", "top_logprobs"]
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

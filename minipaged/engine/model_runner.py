@@ -10,10 +10,10 @@ import itertools
 
 import torch
 
-from minipaged.block_table import blocks_needed
-from minipaged.qwen3 import ForwardBatch
-from minipaged.sampler import top_logprobs
-from minipaged.scheduler import SchedulerOutput
+from minipaged.memory.block_table import blocks_needed
+from minipaged.model.qwen3 import ForwardBatch
+from minipaged.engine.sampler import top_logprobs
+from minipaged.engine.scheduler import SchedulerOutput
 
 __all__ = ["ModelRunner", "DecodeGraphs"]
 

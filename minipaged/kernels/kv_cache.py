@@ -13,8 +13,7 @@ import torch
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
 from minipaged.runtime import default_device
-from minipaged.sizing import (DTYPE_BYTES, block_bytes, blocks_in_budget,
-                              kv_bytes_per_token)
+from minipaged.memory.sizing import DTYPE_BYTES, block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
     "PagedKVCache",

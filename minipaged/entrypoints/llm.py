@@ -17,14 +17,15 @@ from dataclasses import replace
 
 import torch
 
-from minipaged.engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, CacheFormat, EngineParts,
-                              LLMEngine, RequestOutput, StepLoop, resolve_attention_backend)
-from minipaged.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
-                                   as_fast_model, serves_mixed_batches)
-from minipaged.fp8_kv_cache import fp8_block_bytes, new_fp8_cache
+from minipaged.engine.llm_engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, CacheFormat,
+                                         EngineParts, LLMEngine, RequestOutput, StepLoop,
+                                         resolve_attention_backend)
+from minipaged.engine.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
+                                          as_fast_model, serves_mixed_batches)
+from minipaged.kernels.fp8_kv_cache import fp8_block_bytes, new_fp8_cache
 from minipaged.runtime import default_device
-from minipaged.sampler import Sampler
-from minipaged.scheduler import SamplingParams
+from minipaged.engine.sampler import Sampler
+from minipaged.engine.scheduler import SamplingParams
 
 __all__ = ["FAST_PARTS", "TORCH_PARTS", "LLM"]
 

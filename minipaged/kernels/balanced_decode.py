@@ -13,11 +13,11 @@ import torch
 
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
-from minipaged.decode_attention import (PagedAttentionError, attend_group,
-                                        check_decode_inputs, decode_launch_config,
-                                        device_sm_count, launch_decode)
-from minipaged.kv_cache import PagedKVCache
-from minipaged.sizing import ceil_div
+from minipaged.kernels.decode_attention import (PagedAttentionError, attend_group,
+                                                check_decode_inputs, decode_launch_config,
+                                                device_sm_count, launch_decode)
+from minipaged.kernels.kv_cache import PagedKVCache
+from minipaged.memory.sizing import ceil_div
 
 __all__ = ["DecodeWork", "work_chunk", "plan_decode_work", "balanced_paged_attention"]
 

@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minipaged.block_manager import StepReservation
-from minipaged.block_table import blocks_needed, pad_block_tables, slots_for_positions
-from minipaged.decode_attention import DECODE_ATTENTION
-from minipaged.kv_cache import PagedKVCache
+from minipaged.memory.block_manager import StepReservation
+from minipaged.memory.block_table import blocks_needed, pad_block_tables, slots_for_positions
+from minipaged.kernels.decode_attention import DECODE_ATTENTION
+from minipaged.kernels.kv_cache import PagedKVCache
 
 __all__ = [
     "UnsupportedConfigError",

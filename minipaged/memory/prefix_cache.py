@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minipaged.block_manager import CachedPrefix, SequenceState, StepReservation
-from minipaged.sharing import SharingBlockManager
-from minipaged.sizing import ceil_div
+from minipaged.memory.block_manager import CachedPrefix, SequenceState, StepReservation
+from minipaged.memory.sharing import SharingBlockManager
+from minipaged.memory.sizing import ceil_div
 
 __all__ = ["LRUFreeBlockQueue", "chained_block_hash", "PrefixCacheStats",
            "PrefixCachingBlockManager"]

@@ -24,15 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipaged.engine import StepLoop
-from minipaged.fp8_kv_cache import Fp8PagedKVCache
-from minipaged.kv_cache import PagedKVCache
-from minipaged.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
-                             Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
-                             prefill_attention, rope_cos_sin)
+from minipaged.engine.llm_engine import StepLoop
+from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
+from minipaged.kernels.kv_cache import PagedKVCache
+from minipaged.model.qwen3 import (ForwardBatch, Qwen3PagedAttention, Qwen3PagedLayer,
+                                   Qwen3PagedMLP, Qwen3PagedModel, apply_rope, paged_decode,
+                                   prefill_attention, rope_cos_sin)
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
-from minipaged.sampler import Sampler
-from minipaged.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
+from minipaged.engine.sampler import Sampler
+from minipaged.engine.scheduler import Scheduler, SchedulerOutput, Sequence, SequenceStatus
 
 __all__ = [
     "add_rms_norm_reference", "add_rms_norm", "qk_norm_rope_reference", "qk_norm_rope",

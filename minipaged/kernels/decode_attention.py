@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from minipaged.runtime import tl, triton  # Triton, or its stand-in (chapter 0)
 
-from minipaged.block_table import blocks_needed
-from minipaged.kv_cache import PagedKVCache
-from minipaged.sizing import ceil_div
+from minipaged.memory.block_table import blocks_needed
+from minipaged.kernels.kv_cache import PagedKVCache
+from minipaged.memory.sizing import ceil_div
 
 __all__ = [
     "paged_attention",

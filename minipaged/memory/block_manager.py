@@ -18,8 +18,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from minipaged.block_table import pad_block_tables
-from minipaged.sizing import ceil_div
+from minipaged.memory.block_table import pad_block_tables
+from minipaged.memory.sizing import ceil_div
 
 __all__ = [
     "BlockManagerError",

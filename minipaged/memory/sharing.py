@@ -13,10 +13,10 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from minipaged.block_manager import (BlockManagerError, FreeBlockList, KVBlockManager,
-                                     KVUsage, NoFreeBlocksError, SequenceExistsError,
-                                     SequenceState, StepReservation, UnknownSequenceError)
-from minipaged.sizing import ceil_div
+from minipaged.memory.block_manager import (BlockManagerError, FreeBlockList, KVBlockManager,
+                                            KVUsage, NoFreeBlocksError, SequenceExistsError,
+                                            SequenceState, StepReservation, UnknownSequenceError)
+from minipaged.memory.sizing import ceil_div
 
 __all__ = ["BlockEvent", "SharingBlockManager", "parallel_sampling_savings",
            "beam_search_savings"]
@@ -437,7 +437,7 @@ def parallel_sampling_savings(requests: Sequence, n: int,
     decode steps.
 
     ``requests`` need ``prompt_len`` and ``output_len`` (e.g.
-    ``minipaged.fragmentation`` traces).
+    ``minipaged.book.fragmentation`` traces).
     """
     def steps(manager: SharingBlockManager, req) -> Iterable[list[int]]:
         for child in range(1, n):

@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from minipaged.block_manager import StepReservation
-from minipaged.block_table import blocks_needed
+from minipaged.memory.block_manager import StepReservation
+from minipaged.memory.block_table import blocks_needed
 
 __all__ = [
     "SAMPLING_EPS",

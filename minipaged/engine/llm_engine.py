@@ -19,18 +19,17 @@ from typing import NamedTuple
 
 import torch
 
-from minipaged.block_table import blocks_needed
-from minipaged.kv_cache import ATTENTION_BACKENDS
-from minipaged.detokenizer import IncrementalDetokenizer
-from minipaged.model_runner import ModelRunner
-from minipaged.prefix_cache import PrefixCachingBlockManager
-from minipaged.qwen3 import Qwen3PagedModel
-from minipaged.runtime import (NO_TRITON, TritonNotInstalledError, default_device,
-                               has_triton)
-from minipaged.sampler import Sampler
-from minipaged.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
-                                 SchedulerConfig, SchedulerOutput, Sequence, SequenceStatus)
-from minipaged.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
+from minipaged.memory.block_table import blocks_needed
+from minipaged.kernels.kv_cache import ATTENTION_BACKENDS
+from minipaged.engine.detokenizer import IncrementalDetokenizer
+from minipaged.engine.model_runner import ModelRunner
+from minipaged.memory.prefix_cache import PrefixCachingBlockManager
+from minipaged.model.qwen3 import Qwen3PagedModel
+from minipaged.runtime import NO_TRITON, TritonNotInstalledError, default_device, has_triton
+from minipaged.engine.sampler import Sampler
+from minipaged.engine.scheduler import (PromptTooLongError, SamplingParams, Scheduler,
+                                        SchedulerConfig, SchedulerOutput, Sequence, SequenceStatus)
+from minipaged.memory.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
     "CompletionOutput",
@@ -197,7 +196,7 @@ def _prompt_list(prompts) -> list:
 
 def _load_model(model, tokenizer, device, dtype: torch.dtype | None = None):
     if isinstance(model, str):  # a name or a path: chapter 9's loader
-        from minipaged.qwen3 import load_model
+        from minipaged.model.qwen3 import load_model
 
         model, tokenizer = load_model(model, device=device or default_device(), dtype=dtype)
     if not isinstance(model, Qwen3PagedModel):

@@ -24,14 +24,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minipaged.dashboard import DASHBOARD_HTML, block_pool_state
-from minipaged.engine import InvalidRequestError
-from minipaged.engine_bridge import SampleDelta
-from minipaged.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
-from minipaged.metrics import ServerMetrics
-from minipaged.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
-                                       error_body)
-from minipaged.scheduler import PromptTooLongError, SamplingParams
+from minipaged.entrypoints.dashboard import DASHBOARD_HTML, block_pool_state
+from minipaged.engine.llm_engine import InvalidRequestError
+from minipaged.entrypoints.engine_bridge import SampleDelta
+from minipaged.entrypoints.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
+from minipaged.entrypoints.metrics import ServerMetrics
+from minipaged.entrypoints.openai_protocol import (ChatCompletionRequest, CompletionRequest,
+                                                   OpenAIError, error_body)
+from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
 
 __all__ = ["create_app", "prompt_token_ids", "sampling_params"]
 

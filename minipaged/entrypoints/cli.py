@@ -71,7 +71,7 @@ def model_from_args(args, tokenizer):
     device = default_device()
     dtype = _load_dtype(args.dtype, device)
     if args.model.startswith("random:"):
-        from minipaged.qwen3 import qwen3_0_6b_config, random_qwen3, tiny_qwen3_config
+        from minipaged.model.qwen3 import qwen3_0_6b_config, random_qwen3, tiny_qwen3_config
         shapes = {"tiny": tiny_qwen3_config, "qwen3-0.6b": qwen3_0_6b_config}
         shape = args.model.split(":", 1)[1]
         if shape not in shapes:
@@ -81,7 +81,7 @@ def model_from_args(args, tokenizer):
             extra.update(tie_word_embeddings=False, initializer_range=0.2)
         return random_qwen3(shapes[shape](**extra), seed=args.seed, dtype=dtype,
                             device=device), tokenizer
-    from minipaged.qwen3 import load_model
+    from minipaged.model.qwen3 import load_model
     model, own = load_model(args.model, dtype=dtype, device=device)
     return model, tokenizer or own
 
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(p.replace("_", "-") for p in missing), file=sys.stderr)
         return 1
     import uvicorn
-    from minipaged.llm import LLM
-    from minipaged.openai_server import create_app
+    from minipaged.entrypoints.llm import LLM
+    from minipaged.entrypoints.openai_server import create_app
     model, tokenizer = model_from_args(args, load_tokenizer(args.tokenizer))
     llm = LLM(model, tokenizer=tokenizer, dtype=args.dtype, block_size=args.block_size,
               num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
