@@ -38,8 +38,12 @@ if __name__ == "__main__" and "--package-root" in sys.argv:  # a worker measurin
 else:
     sys.path.insert(0, str(ROOT))
 
-from minipaged.memory.prefix_cache import PrefixCachingBlockManager  # noqa: E402
-from minipaged.engine.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence  # noqa: E402
+try:
+    from minipaged.engine.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
+    from minipaged.memory.prefix_cache import PrefixCachingBlockManager
+except ModuleNotFoundError:  # a --baseline revision from before the package's layout by layer
+    from minipaged.prefix_cache import PrefixCachingBlockManager
+    from minipaged.scheduler import SamplingParams, Scheduler, SchedulerConfig, Sequence
 
 
 def setup(num_seqs: int, block_size: int, prefix_caching: bool, seed: int = 0) -> Scheduler:

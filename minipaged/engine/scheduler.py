@@ -474,6 +474,16 @@ class Scheduler:
         forks = seq.params.n > 1 and seq.sample_index == 0 and not seq.output_token_ids
         return seq.params.n if forks else 1
 
+    def _run(self, seq: Sequence, n: int, out: SchedulerOutput, budget: list[int]) -> int:
+        """Put ``seq`` in the running queue with a chunk of ``n`` tokens this step; charge the
+        step's budget (tokens, blocks) and return the running seats it takes."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+        budget[0] -= n
+        budget[1] += self._need(seq, n)
+        return self._seats(seq)
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
         if self.swapped or not self.waiting:  # parked sequences come back first
             return
@@ -499,12 +509,7 @@ class Scheduler:
             seq.num_computed_tokens = self.manager.allocate_prompt(seq.seq_id, tokens, prefix)
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            seats += self._seats(seq)
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-            budget[0] -= n
-            budget[1] += self._need(seq, n)
+            seats += self._run(seq, n, out, budget)
 
     # %% chapters/10_scheduler.md § After the forward
     def commit(self, out: SchedulerOutput, sampled: dict[int, int],
@@ -637,9 +642,4 @@ class Scheduler:
                 return
             self.swapped.popleft()
             out.swap_in.extend(self.manager.move(seq.seq_id, "gpu"))
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            seats += self._seats(seq)
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-            budget[0] -= n
-            budget[1] += self._need(seq, n)
+            seats += self._run(seq, n, out, budget)
