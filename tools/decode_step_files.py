@@ -20,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+if "--package-root" in sys.argv:  # another revision's package, for a before/after
+    sys.path.insert(0, sys.argv[sys.argv.index("--package-root") + 1])
 
 import minipaged.runtime  # noqa: E402,F401  (the CPU switch before any kernel)
 
@@ -77,11 +79,16 @@ def trace_one_step(llm, package: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--package-root", help="a folder holding another revision's minipaged/")
     args = parser.parse_args()
 
     import minipaged
-    from minipaged.engine.scheduler import SamplingParams
-    from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+    try:
+        from minipaged.engine.scheduler import SamplingParams
+        from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
+    except ModuleNotFoundError:  # a revision from before the layout by layer
+        from minipaged.qwen3 import random_qwen3, tiny_qwen3_config
+        from minipaged.scheduler import SamplingParams
 
     package = Path(minipaged.__file__).resolve().parent
     llm = minipaged.LLM(random_qwen3(tiny_qwen3_config()), attention_backend="triton",
