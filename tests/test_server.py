@@ -186,7 +186,9 @@ def test_an_api_key_is_required_and_a_full_queue_answers_503(model, tokenizer):
             assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
         key = {"authorization": "Bearer sesame"}
         assert httpx.get(server.url + "/health").status_code == 200  # outside /v1: no key
-        long = {**GOOD, "max_tokens": 12, "stream": True, "extra": 1}
+        # Long enough (no early EOS, 80 tokens) that the first still runs and the second still
+        # waits when the third arrives, however slow or fast the machine is.
+        long = {**GOOD, "max_tokens": 80, "ignore_eos": True, "stream": True, "extra": 1}
 
         async def crowd():
             async with httpx.AsyncClient(base_url=server.url, headers=key, timeout=120) as c:
@@ -197,7 +199,7 @@ def test_an_api_key_is_required_and_a_full_queue_answers_503(model, tokenizer):
                     state = (await c.get("/dashboard/state")).json()
                     if second is None and state["running"]:
                         second = asyncio.create_task(c.post("/v1/completions", json=long))
-                    elif second is not None and state["waiting"]:
+                    elif second is not None and state["waiting"] and state["running"]:
                         break
                 third = await c.post("/v1/completions", json=GOOD)
                 return third, await first, await second
