@@ -8,18 +8,26 @@ import torch
 from minipaged.kernels.kv_cache import PagedKVCache
 
 
-def decode_step_kv_bytes(total_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                         dtype_bytes: int) -> int:
-    """Exercise 8.1: bytes of K and V one decode step reads, over all layers."""
-    raise NotImplementedError("Exercise 8.1: count the K/V bytes a decode step reads "
-                              "(edit exercises/ch08_paged_attention.py, decode_step_kv_bytes)")
+def kv_crossover_predictions() -> dict[str, float]:
+    """Exercise 8.1: your predictions, made before running anything.
+
+    ``"tokens"``: cached tokens (summed over the batch) at which one decode step of Qwen3-0.6B's
+    shape reads as many bytes of K and V as it reads weight bytes (1.2e9); ``"batch of 64 x
+    1,000"``: that batch's K/V bytes divided by the weight bytes; and three ratios, the
+    crossover after a change divided by the crossover before it: ``"4 KV heads"``,
+    ``"fp8 cache"`` (one byte per element) and ``"32 query heads"``.
+    """
+    raise NotImplementedError("Exercise 8.1: predict where the KV cache outweighs the model "
+                              "(edit exercises/ch08_paged_attention.py, "
+                              "kv_crossover_predictions)")
 
 
-def kv_equals_weights(weight_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                      dtype_bytes: int) -> float:
-    """Exercise 8.1: cached tokens at which a step reads as many K/V bytes as weight bytes."""
-    raise NotImplementedError("Exercise 8.1: find the cache size that weighs as much as the model "
-                              "(edit exercises/ch08_paged_attention.py, kv_equals_weights)")
+def window_tile_starts(length: int, window: int, tile: int) -> list[int]:
+    """Exercise 8.2: the first positions of the tiles a sliding-window kernel loads for a
+    sequence of ``length`` tokens, in order: every window position in some tile, every tile
+    aligned to ``tile``, no tile wholly before the window or wholly past the end."""
+    raise NotImplementedError("Exercise 8.2: plan the tiles the window kernel loads "
+                              "(edit exercises/ch08_paged_attention.py, window_tile_starts)")
 
 
 def sliding_window_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,

@@ -21,13 +21,15 @@ def check_rope(rope) -> None:
                               "embedding fails (check_rope)")
 
 
-def decode_intensity(config, batch: int, context_len: int) -> float:
-    """Exercise 9.3: FLOPs per byte of one bf16 decode step of ``batch`` sequences."""
-    raise NotImplementedError("Exercise 9.3: count the FLOPs and bytes of a batched "
-                              "decode step (decode_intensity)")
+def batching_predictions() -> dict[str, float | int | None]:
+    """Exercise 9.3: your predictions for bf16 decode steps of Qwen3-0.6B's shape on the H200
+    (ridge: dense bf16 FLOP/s over the measured copy bandwidth), made before computing anything.
 
-
-def ridge_batch(config, context_len: int, ridge: float) -> int | None:
-    """Exercise 9.3: the smallest batch whose decode intensity reaches ``ridge``, or None."""
-    raise NotImplementedError("Exercise 9.3: find the smallest batch that reaches the "
-                              "ridge, or show that none does (ridge_batch)")
+    ``"batch at context 0"``: the smallest batch whose step reaches the ridge when every
+    sequence has 0 cached tokens (None if no batch does); ``"batch at context 4096"``: the same
+    at 4,096 cached tokens; ``"limit at context 4096"``: the FLOPs per byte a step approaches as
+    the batch grows without bound, at 4,096 cached tokens; ``"longest context"``: the longest
+    context at which some batch still reaches the ridge.
+    """
+    raise NotImplementedError("Exercise 9.3: predict how far batching takes decode "
+                              "(edit exercises/ch09_qwen3.py, batching_predictions)")

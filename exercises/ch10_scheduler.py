@@ -6,11 +6,12 @@ Replace each `raise NotImplementedError(...)` with your answer, then run `make c
 from minipaged.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
-def decode_step_blocks(lengths: list[int], shared_last: list[bool], block_size: int) -> int:
-    """Exercise 10.1: free blocks a decode step takes when sequence ``i`` has ``lengths[i]``
-    tokens in the cache, writes one more, and its last block is shared iff ``shared_last[i]``."""
-    raise NotImplementedError("Exercise 10.1: count the free blocks this decode step takes "
-                              "(edit exercises/ch10_scheduler.py, decode_step_blocks)")
+def copy_on_write_predictions() -> dict[str, tuple[int, int]]:
+    """Exercise 10.1: for each step of the exercise (block size 4), your prediction
+    ``(counted, taken)``: the blocks ``num_blocks_to_allocate`` counts for the step, and the free
+    blocks ``reserve_step`` actually takes. Steps ``"a"`` to ``"e"``, as the chapter lists them."""
+    raise NotImplementedError("Exercise 10.1: predict what the manager counts and takes "
+                              "(edit exercises/ch10_scheduler.py, copy_on_write_predictions)")
 
 
 class PriorityScheduler(Scheduler):

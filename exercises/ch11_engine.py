@@ -3,28 +3,36 @@
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
+from collections.abc import Callable, Hashable, Mapping
+
 import torch
 
 from minipaged.engine.sampler import Sampler
+from minipaged.memory.block_manager import StepReservation
+from minipaged.memory.sharing import SharingBlockManager
 
 
-def nucleus(probs: list[float], top_p: float) -> set[int]:
-    """Exercise 11.1: the token ids top-p sampling keeps (the rule ``sample`` uses)."""
-    raise NotImplementedError("Exercise 11.1: return the set of token ids top-p keeps "
-                              "(edit exercises/ch11_engine.py, nucleus)")
+def check_top_p(keep) -> None:
+    """Exercise 11.1: return for a correct ``keep(probs, top_p) -> set of token ids`` (top-p's
+    rule: a token stays while the mass ranked before it is below ``top_p``); raise
+    AssertionError for a wrong one."""
+    raise NotImplementedError("Exercise 11.1: write assertions that a wrong top-p "
+                              "fails (edit exercises/ch11_engine.py, check_top_p)")
 
 
-def decode_roofline_tokens_per_s(weight_bytes: float, kv_bytes_per_token: float, batch: int,
-                                 mean_context: float, bandwidth: float) -> float:
-    """Exercise 11.2: output tokens/s if a decode step only reads weights once plus the KV."""
-    raise NotImplementedError("Exercise 11.2: return the roofline's output tokens per second "
-                              "(edit exercises/ch11_engine.py, decode_roofline_tokens_per_s)")
+def roofline_predictions() -> dict[str, float]:
+    """Exercise 11.2: your predictions of the decode roofline, in output tokens per second
+    (``"batch 1"``, ``"batch 256"``, ``"batch 256 at context 1,600"``), and the smallest batch
+    at which a step reads more KV bytes than weight bytes (``"KV outweighs weights"``)."""
+    raise NotImplementedError("Exercise 11.2: predict the decode roofline "
+                              "(edit exercises/ch11_engine.py, roofline_predictions)")
 
 
-def ttft_and_tpot(arrival: float, token_times: list[float]) -> tuple[float, float | None]:
-    """Exercise 11.3: (time to first token, time per output token or None)."""
-    raise NotImplementedError("Exercise 11.3: return the two latencies of one request "
-                              "(edit exercises/ch11_engine.py, ttft_and_tpot)")
+def latency_predictions() -> dict[str, dict[str, tuple[float, float]]]:
+    """Exercise 11.3: ``{policy: {request: (TTFT ms, TPOT ms)}}`` for the policies
+    ``"prefill first"`` and ``"mixed"`` and the requests ``"A"``, ``"B"``, ``"C"``."""
+    raise NotImplementedError("Exercise 11.3: predict the two latencies of each request "
+                              "(edit exercises/ch11_engine.py, latency_predictions)")
 
 
 def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
@@ -41,3 +49,30 @@ class PenalizedSampler(Sampler):
     def __init__(self, device, repetition_penalty: float = 1.0) -> None:
         raise NotImplementedError("Exercise 11.4: build a sampler that penalises repeats "
                                   "(edit exercises/ch11_engine.py, PenalizedSampler)")
+
+
+class SpeculativeBlockManager(SharingBlockManager):
+    """Exercise 11.5: chapter 5's manager, able to give back the tail of a sequence."""
+
+    def roll_back_tokens(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` tokens of ``seq_id`` (no step pending): its length
+        drops, the blocks past its new end leave its table, and a block no other table holds
+        goes back to the free list."""
+        raise NotImplementedError("Exercise 11.5: give back a sequence's tail "
+                                  "(edit exercises/ch11_engine.py, "
+                                  "SpeculativeBlockManager.roll_back_tokens)")
+
+
+def speculative_step(manager: SpeculativeBlockManager, drafts: Mapping[Hashable, int],
+                     verify: Callable[[StepReservation], Mapping[Hashable, int]]
+                     ) -> dict[Hashable, list[int]]:
+    """Exercise 11.5: one verification step of speculative decoding.
+
+    Reserve ``drafts[s] + 1`` slots for every sequence ``s`` (its pending token and its
+    ``drafts[s]`` draft tokens), call ``verify(reservation)`` (the forward: it writes K/V into
+    the reservation's slots and returns how many drafts of each sequence it accepted), keep the
+    pending token and the accepted drafts, and give back the rest. Returns each sequence's kept
+    slots, in order. If ``verify`` raises, the manager is as before and the error propagates.
+    """
+    raise NotImplementedError("Exercise 11.5: reserve, verify, keep the accepted tokens, roll "
+                              "back the rest (edit exercises/ch11_engine.py, speculative_step)")

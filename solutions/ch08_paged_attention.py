@@ -9,15 +9,16 @@ import triton.language as tl
 from minipaged.kernels.kv_cache import PagedKVCache
 
 
-def decode_step_kv_bytes(total_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                         dtype_bytes: int) -> int:
-    return 2 * total_tokens * num_layers * num_kv_heads * head_dim * dtype_bytes
+def kv_crossover_predictions() -> dict[str, float]:
+    per_token = 2 * 28 * 8 * 128 * 2          # K and V, 28 layers, 8 KV heads, D 128, bf16
+    tokens = 1.2e9 / per_token                # about 10,500
+    return {"tokens": tokens, "batch of 64 x 1,000": 64 * 1000 / tokens,
+            "4 KV heads": 2.0, "fp8 cache": 2.0, "32 query heads": 1.0}
 
 
-def kv_equals_weights(weight_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                      dtype_bytes: int) -> float:
-    return weight_bytes / decode_step_kv_bytes(1, num_layers, num_kv_heads, head_dim,
-                                               dtype_bytes)
+def window_tile_starts(length: int, window: int, tile: int) -> list[int]:
+    lo = max(0, length - window)
+    return list(range(lo - lo % tile, length, tile))
 
 
 @triton.jit

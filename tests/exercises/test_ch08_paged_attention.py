@@ -14,20 +14,103 @@ ex = load("ch08_paged_attention")
 DEVICE = default_device()
 
 
-def test_8_1_decode_step_bytes():
-    assert ex.decode_step_kv_bytes(1, 28, 8, 128, 2) == 114_688
-    assert ex.decode_step_kv_bytes(64_000, 28, 8, 128, 2) == 64_000 * 114_688
-    assert ex.decode_step_kv_bytes(3, 1, 1, 1, 4) == 24
+# Exercise 8.1: predictions, checked against what a real cache holds. The bytes per token come
+# from the storage of a PagedKVCache of that shape, not from a formula.
+
+WEIGHT_BYTES = 1.2e9
+QWEN3 = dict(num_layers=28, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
 
 
-def test_8_1_kv_equals_weights():
-    assert ex.kv_equals_weights(1.2e9, 28, 8, 128, 2) == pytest.approx(10_463, rel=1e-3)
-    assert ex.kv_equals_weights(8, 1, 1, 1, 4) == pytest.approx(1)
+def measured_kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype):
+    """Bytes of K and V one token holds in a cache of this shape (what a step reads of it)."""
+    cache = PagedKVCache(num_layers, 2, 16, num_kv_heads, head_dim, dtype, "cpu")
+    return cache.storage.numel() * cache.storage.element_size() / (2 * 16)
 
 
-# Exercise 8.2: a grader that runs a sliding-window decode function against a reference.
-# Positions before each sequence's window hold NaN, so a kernel that reads them (a missing
-# lower mask, an unmasked V load) fails; the planted bugs below must fail it too.
+def measured_crossovers():
+    base = WEIGHT_BYTES / measured_kv_bytes_per_token(**QWEN3)
+    changed = {"4 KV heads": {**QWEN3, "num_kv_heads": 4},
+               "fp8 cache": {**QWEN3, "dtype": torch.float8_e4m3fn},
+               "32 query heads": QWEN3}          # the cache holds no query: same shape
+    truth = {"tokens": base, "batch of 64 x 1,000": 64 * 1000 / base}
+    truth.update({name: WEIGHT_BYTES / measured_kv_bytes_per_token(**shape) / base
+                  for name, shape in changed.items()})
+    return truth
+
+
+def check_crossover_predictions(predicted):
+    truth = measured_crossovers()
+    assert set(predicted) == set(truth), f"predict exactly these: {sorted(truth)}"
+    for name, value in truth.items():
+        got = predicted[name]
+        assert got is not None and abs(got - value) <= 0.1 * value, (
+            f"{name}: you predicted {got}, the cache says {value:.3g}")
+
+
+def test_8_1_kv_crossover_predictions():
+    check_crossover_predictions(ex.kv_crossover_predictions())
+
+
+_RIGHT_8_1 = {"tokens": 10_463, "batch of 64 x 1,000": 6.12, "4 KV heads": 2.0,
+              "fp8 cache": 2.0, "32 query heads": 1.0}
+
+
+@pytest.mark.grader
+def test_8_1_the_check_accepts_right_predictions():
+    check_crossover_predictions(_RIGHT_8_1)
+
+
+@pytest.mark.parametrize("wrong", [
+    {"tokens": 20_926, "batch of 64 x 1,000": 3.06},    # K only, V forgotten
+    {"tokens": 374, "batch of 64 x 1,000": 171.0},      # one layer's tokens times 28 forgotten
+    {"32 query heads": 0.5},                            # query heads read K/V again
+    {"fp8 cache": 0.5},                                 # the wrong way round
+])
+@pytest.mark.grader
+def test_8_1_the_check_rejects_wrong_predictions(wrong):
+    with pytest.raises(AssertionError):
+        check_crossover_predictions({**_RIGHT_8_1, **wrong})
+
+
+# Exercise 8.2: the tile plan, checked tile by tile: a plan that loads a tile lying wholly before
+# the window (or starts at 0, or one tile early) fails, as does one that misses a position or
+# breaks the alignment. Then the kernel, against a reference: positions before each window hold
+# NaN, so a kernel that reads them (a missing lower mask, an unmasked V load) fails.
+
+def check_tile_plan(plan):
+    for tile in (1, 4, 16, 64):
+        for window in (1, 5, 16, 33, 64, 1000):
+            for length in range(0, 200, 7):
+                starts = plan(length, window, tile)
+                lo = max(0, length - window)
+                where = f"length {length}, window {window}, tile {tile}: tiles at {starts}"
+                assert list(starts) == sorted(set(starts)), f"{where}: in order, each once"
+                for s in starts:
+                    assert s % tile == 0, f"{where}: tile {s} is not aligned"
+                    assert s + tile > lo, f"{where}: tile {s} lies wholly before the window"
+                    assert s < length, f"{where}: tile {s} lies wholly past the end"
+                covered = {p for s in starts for p in range(s, s + tile)}
+                missed = sorted(set(range(lo, length)) - covered)
+                assert not missed, f"{where}: position {missed[0]} is in no tile"
+
+
+def test_8_2_tile_plan():
+    check_tile_plan(ex.window_tile_starts)
+
+
+PLANTED_PLANS = {
+    "from position 0": lambda n, w, t: list(range(0, n, t)),
+    "one tile early": lambda n, w, t: list(range(max(0, (max(0, n - w) // t - 1) * t), n, t)),
+    "unaligned": lambda n, w, t: list(range(max(0, n - w), n, t)),
+    "last tile missed": lambda n, w, t: list(range(max(0, n - w) // t * t, n - t + 1, t)),
+}
+
+
+@pytest.mark.parametrize("name", PLANTED_PLANS)
+@pytest.mark.grader
+def test_8_2_the_plan_check_rejects_planted_bugs(name):
+    with pytest.raises(AssertionError):
+        check_tile_plan(PLANTED_PLANS[name])
 
 def window_case(block_size, seed):
     lengths = [1, 5, 17, 40, 70]

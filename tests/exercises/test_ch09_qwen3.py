@@ -117,7 +117,7 @@ def test_9_2_check_rope():
             ex.check_rope(bug)
 
 
-# --- 9.3: batched decode intensity, against an independent count
+# --- 9.3: predictions about batched decode, against an independent count of FLOPs and bytes
 
 def _reference_intensity(c, batch, context):
     layers, hidden = c.num_hidden_layers, c.hidden_size
@@ -131,17 +131,62 @@ def _reference_intensity(c, batch, context):
     return flops / (2 * (matrices + head) + batch * kv)
 
 
-def test_9_3_decode_intensity_and_ridge_batch():
-    shape, tiny = qwen3_0_6b_config(), tiny_qwen3_config()
-    for config, batch, context in [(shape, 1, 0), (shape, 64, 300), (shape, 256, 4096),
-                                   (tiny, 8, 100)]:
-        assert ex.decode_intensity(config, batch, context) == pytest.approx(
-            _reference_intensity(config, batch, context), rel=1e-6)
-    ridge = 1979e12 / 2 / 4.29e12
-    assert ex.ridge_batch(shape, 0, ridge) == 236
-    assert ex.ridge_batch(shape, 4096, ridge) is None
-    assert ex.ridge_batch(shape, 512, ridge) is None
-    found = ex.ridge_batch(shape, 16, ridge)
-    assert found is not None
-    assert _reference_intensity(shape, found, 16) >= ridge
-    assert _reference_intensity(shape, found - 1, 16) < ridge
+RIDGE = 1979e12 / 2 / 4.29e12     # the chapter's: dense bf16 FLOP/s over the copy bandwidth
+
+
+def _smallest_batch(c, context, limit=1 << 20):
+    if _reference_intensity(c, limit, context) < RIDGE:
+        return None
+    lo, hi = 1, limit                        # intensity grows with the batch: bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _reference_intensity(c, mid, context) >= RIDGE else (mid + 1, hi)
+    return lo
+
+
+def batching_truth():
+    c = qwen3_0_6b_config()
+    longest = 0
+    while _smallest_batch(c, longest + 1) is not None:
+        longest += 1
+    return {"batch at context 0": _smallest_batch(c, 0),
+            "batch at context 4096": _smallest_batch(c, 4096),
+            "limit at context 4096": _reference_intensity(c, 1 << 40, 4096),
+            "longest context": longest}
+
+
+def check_batching_predictions(predicted):
+    truth = batching_truth()
+    assert set(predicted) == set(truth), f"predict exactly these: {sorted(truth)}"
+    for name, value in truth.items():
+        got = predicted[name]
+        if value is None or got is None:
+            assert got is value, f"{name}: you predicted {got}, the count gives {value}"
+        else:
+            assert abs(got - value) <= 0.1 * value, (
+                f"{name}: you predicted {got}, the count gives {value:.4g}")
+
+
+def test_9_3_batching_predictions():
+    check_batching_predictions(ex.batching_predictions())
+
+
+_RIGHT_9_3 = {"batch at context 0": 236, "batch at context 4096": None,
+              "limit at context 4096": 4.5, "longest context": 44}
+
+
+@pytest.mark.grader
+def test_9_3_the_check_accepts_right_predictions():
+    check_batching_predictions(_RIGHT_9_3)
+
+
+@pytest.mark.parametrize("wrong", [
+    {"batch at context 4096": 2000},            # "a batch large enough always gets there"
+    {"limit at context 4096": 2.0},             # the weights' FLOPs forgotten
+    {"batch at context 0": 118},                # weights read once per pair of sequences
+    {"longest context": 4096},
+])
+@pytest.mark.grader
+def test_9_3_the_check_rejects_wrong_predictions(wrong):
+    with pytest.raises(AssertionError):
+        check_batching_predictions({**_RIGHT_9_3, **wrong})

@@ -13,28 +13,63 @@ from tests.exercises.answers import load
 ex = load("ch10_scheduler")
 
 
-def test_10_1_decode_step_blocks():
-    assert ex.decode_step_blocks([16, 17, 32, 5], [False, True, True, False], 16) == 3
-    assert ex.decode_step_blocks([16, 17, 32, 5], [False] * 4, 16) == 2
-    assert ex.decode_step_blocks([0, 1, 2, 3, 4], [False] * 5, 2) == 3
-    assert ex.decode_step_blocks([], [], 16) == 0
+# Exercise 10.1: predictions, checked on chapter 5's manager: what it counts before the step and
+# what the step takes from the free list.
+
+COW_STEPS = {   # name: (tokens A holds, the forks of A, tokens each sequence writes)
+    "a": (7, ["B"], {"B": 1}),
+    "b": (7, ["B"], {"A": 1, "B": 1}),
+    "c": (8, ["B"], {"A": 1, "B": 1}),
+    "d": (7, ["B", "C"], {"A": 1, "B": 1, "C": 1}),
+    "e": (6, ["B"], {"A": 1, "B": 3}),
+}
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_10_1_agrees_with_the_block_manager(seed):
-    """The answer must be what chapter 5's manager takes for the same decode step."""
-    rng = random.Random(seed)
-    block_size = rng.choice([2, 4, 16])
-    manager = SharingBlockManager(400, block_size)
-    lengths = [rng.randint(1, 3 * block_size) for _ in range(12)]
-    shared = [rng.random() < 0.5 for _ in lengths]
-    for i, (n, s) in enumerate(zip(lengths, shared)):
-        manager.create_sequence(i)
-        manager.append_tokens(i, n)
-        if s:
-            manager.fork(i, 100 + i)  # a sibling outside the step shares every block
-    expected = manager.num_blocks_to_allocate(dict.fromkeys(range(len(lengths)), 1))
-    assert ex.decode_step_blocks(lengths, shared, block_size) == expected
+def measured_cow_step(length, forks, step):
+    manager = SharingBlockManager(16, 4)
+    manager.create_sequence("A")
+    manager.append_tokens("A", length)
+    for child in forks:
+        manager.fork("A", child)
+    counted = manager.num_blocks_to_allocate(step)
+    free = manager.num_free_blocks
+    reservation = manager.reserve_step(step)
+    taken = free - manager.num_free_blocks
+    manager.commit_step(reservation)
+    assert manager.first_inconsistency() is None
+    return counted, taken
+
+
+def check_cow_predictions(predicted):
+    assert set(predicted) == set(COW_STEPS), f"predict steps {sorted(COW_STEPS)}"
+    for name, scenario in COW_STEPS.items():
+        truth = measured_cow_step(*scenario)
+        assert tuple(predicted[name]) == truth, (
+            f"step {name}: you predicted (counted, taken) = {tuple(predicted[name])}, "
+            f"the manager gives {truth}")
+
+
+def test_10_1_copy_on_write_predictions():
+    check_cow_predictions(ex.copy_on_write_predictions())
+
+
+_RIGHT_10_1 = {"a": (1, 1), "b": (2, 1), "c": (2, 2), "d": (3, 2), "e": (3, 2)}
+
+
+@pytest.mark.grader
+def test_10_1_the_check_accepts_right_predictions():
+    check_cow_predictions(_RIGHT_10_1)
+
+
+@pytest.mark.parametrize("wrong", [
+    {"b": (2, 2), "d": (3, 3), "e": (3, 3)},     # every writer copies
+    {"b": (1, 1), "d": (2, 2), "e": (2, 2)},     # the count is exact
+    {"c": (2, 0)},                                # a full shared block is written in place
+])
+@pytest.mark.grader
+def test_10_1_the_check_rejects_wrong_predictions(wrong):
+    with pytest.raises(AssertionError):
+        check_cow_predictions({**_RIGHT_10_1, **wrong})
 
 
 # Exercise 10.2: the grader, and versions with planted bugs that it must reject.
