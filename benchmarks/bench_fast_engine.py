@@ -26,7 +26,7 @@ uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), 
 temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
 
 ``--engines`` picks the engines (default all six, built by ``ENGINES``: ``engine``, chapter 11's
-``LLMEngine``; ``fast_engine``, chapter 13's ``minipaged.LLM``; ``fast_engine_sync``,
+``LLMEngine``; ``fast_engine``, ``minipaged.LLM`` (chapters 13 and 14); ``fast_engine_sync``,
 the fast engine with ``overlap_scheduling=False``, so that the overlap's share is measured,
 ``fast_engine_unchunked``, the fast engine with ``enable_chunked_prefill=False`` (whole prompts, run
 apart from the step's decodes),
@@ -75,10 +75,10 @@ def chapter13_engine(model, **options):
 
 
 def chapter13_sdpa_prefill(model, **options):
-    """Chapter 13's engine with chapter 9's SDPA prefill (the paged prefill kernel off, so a
-    step's prefills and decodes also run apart)."""
+    """``minipaged.LLM`` with chapter 9's SDPA prefill: chapter 13's model without chapter
+    14's paged prefill part, so a step's prefills and decodes also run apart."""
     llm = chapter13_engine(model, **options)
-    llm.model.use_paged_prefill = False
+    llm.model.plan_prefill = None
     return llm
 
 
@@ -222,9 +222,10 @@ def kernel_cases(tokens, device, dtype, small):
     """(name, reference fn, fused fn, args, bytes the fused one must move) per kernel."""
     import torch.nn.functional as F
 
-    from minipaged.engine.fast_engine import (add_rms_norm, add_rms_norm_reference,
-                                              paged_prefill_attention, qk_norm_rope,
-                                              qk_norm_rope_reference, silu_mul, silu_mul_reference)
+    from minipaged.kernels.fused_ops import (add_rms_norm, add_rms_norm_reference, qk_norm_rope,
+                                             silu_mul, silu_mul_reference)
+    from minipaged.kernels.prefill_attention import paged_prefill_attention
+    from minipaged.model.fast_qwen3 import qk_norm_rope_reference
     from minipaged.model.qwen3 import prefill_attention, rope_cos_sin, rope_inv_freq
 
     hidden, hq, hkv, d, inner = (64, 4, 2, 16, 128) if small else (1024, 16, 8, 128, 3072)

@@ -4,7 +4,7 @@
                                         [--num-requests N] [--window STEPS]
 
 Runs chapter 11's engine (``--engine engine``, the default: ``minipaged.engine.llm_engine.LLMEngine``) or
-chapter 13's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.entrypoints.llm.LLM``; see ``ENGINES``)
+the package's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.entrypoints.llm.LLM``; see ``ENGINES``)
 on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape, prompts uniform in 100-1024,
 512 new tokens, EOS ignored, greedy), one ``step()`` at a time. Every step is timed (the engine reads
 its sampled tokens back each step, so a step's wall time is its GPU time plus what the host adds).

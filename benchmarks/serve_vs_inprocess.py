@@ -6,7 +6,7 @@ highest request rate it sustains within latency limits.
         [--base-url URL] [--skip-inprocess] [--run-timeout S] [--client-processes K]
         [--budgets B1,B2,... [--budget-rate R]] [--skip-served] [--result-name NAME]
 
-(a) In-process: chapter 13's ``minipaged.LLM.generate`` on bench_fast_engine's model and workload
+(a) In-process: ``minipaged.LLM.generate`` on bench_fast_engine's model and workload
     (random bf16 Qwen3-0.6B shape, 256 requests, prompts uniform in 100-1024, 512 new tokens, EOS
     ignored, greedy), in a child process (``bench_fast_engine.run_engine_in_child``): output tokens/s
     and p50 TPOT.
@@ -114,7 +114,7 @@ def running_server(command: list[str], base_url: str, log_path: Path, ready_time
 
 
 def inprocess_row(num_requests: int, max_tokens: int) -> dict:
-    """(a): bench_fast_engine's ``fast_engine`` (chapter 13's ``minipaged.LLM``) in a child process,
+    """(a): bench_fast_engine's ``fast_engine`` (``minipaged.LLM``) in a child process,
     so that its GPU memory is free again before the server starts."""
     from benchmarks.bench_fast_engine import run_engine_in_child
 

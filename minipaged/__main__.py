@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_serving.md § minipaged serve
+# %% chapters/15_serving.md § minipaged serve
 """``python -m minipaged serve MODEL``."""
 
 import sys

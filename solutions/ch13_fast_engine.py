@@ -40,18 +40,6 @@ def next_to_fuse(profile: dict) -> str:
     return max(savings, key=savings.get)
 
 
-def plannable(running: list[tuple[int, int, int]], num_waiting: int, num_swapped: int,
-              free_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> bool:
-    if not running or num_swapped or len(running) > max_num_batched_tokens:
-        return False  # nothing to decode, a swap-in comes first, or not all fit the budget
-    if num_waiting and len(running) < max_num_seqs:
-        return False  # a waiting request may be admitted: a prefill
-    if free_blocks < len(running):
-        return False  # someone may need a block that is not there: a preemption
-    return all(outputs > 0 and prompt + outputs - computed == 1
-               for prompt, outputs, computed in running)
-
-
 def makespan(loads: list[int], slots: int) -> int:
     free_at = [0] * slots                      # when each slot is free again: a min-heap
     for load in loads:

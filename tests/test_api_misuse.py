@@ -72,7 +72,7 @@ def test_seeded_request_ignores_a_top_k_neighbour(hf, reference):
 
 
 def test_fused_sampler_routes_each_row():
-    from minipaged.engine.fast_engine import FusedSampler
+    from minipaged.engine.fused_sampler import FusedSampler
     from minipaged.engine.scheduler import Sequence
 
     torch.manual_seed(0)

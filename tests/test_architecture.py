@@ -41,7 +41,8 @@ def test_the_engine_builds_forward_batches_in_the_model_runner_only():
     """Outside chapter 9's model (which defines ForwardBatch) only the model runner builds one;
     book helpers that run a model by hand (teacher forcing, greedy_generate) are not the engine."""
     engine_modules = {"engine.llm_engine", "engine.sampler", "engine.model_runner",
-                      "entrypoints.llm", "engine.fast_engine", "engine.scheduler"}
+                      "entrypoints.llm", "engine.fused_sampler", "engine.overlap_scheduler",
+                      "engine.scheduler"}
     builders = set()
     for name, tree in modules().items():
         for node in ast.walk(tree):
@@ -115,7 +116,7 @@ def _manager_names(tree) -> set:
 
 
 def _scheduler_classes():
-    """Chapter 10's Scheduler and every class built on it (chapter 13's OverlapScheduler)."""
+    """Chapter 10's Scheduler and every class built on it (chapter 14's OverlapScheduler)."""
     found = [node for _, node in classes() if node.name == "Scheduler"
              or any(getattr(base, "id", None) == "Scheduler" for base in node.bases)]
     assert {node.name for node in found} >= {"Scheduler", "OverlapScheduler"}

@@ -10,7 +10,7 @@ import minipaged.entrypoints.llm
 from minipaged.kernels.decode_attention import (DECODE_ATTENTION, paged_attention,
                                                 paged_attention_reference, paged_attention_torch)
 from minipaged.engine.llm_engine import CacheFormat, LLMEngine, resolve_attention_backend
-from minipaged.engine.fast_engine import FastQwen3Model
+from minipaged.model.fast_qwen3 import FastQwen3Model
 from minipaged.kernels.kv_cache import LAYOUTS, KVCacheError, PagedKVCache
 from minipaged.model.qwen3 import Qwen3PagedModel, random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams

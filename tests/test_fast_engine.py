@@ -1,4 +1,4 @@
-"""Chapter 13: the fused kernels against their references (interpreter at small, odd sizes), the
+"""Chapters 13 and 14: the fused kernels against their references (interpreter at small, odd sizes), the
 fast model against chapter 9's and transformers, the fast engine against transformers."""
 
 import functools
@@ -10,18 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minipaged
-import minipaged.engine.fast_engine
+import minipaged.kernels.prefill_attention as prefill_module
 import minipaged.engine.sampler
 from minipaged.engine.llm_engine import LLMEngine
 from minipaged.entrypoints.llm import LLM as PackageLLM
 
 # The fast parts are Triton kernels; on a CPU attention_backend="auto" would choose PyTorch.
 LLM = functools.partial(PackageLLM, attention_backend="triton")
-from minipaged.engine.fast_engine import (FastQwen3Model, PrefillPlan, add_rms_norm,
-                                          add_rms_norm_reference, fuse_linears, fused_weight_bytes,
-                                          paged_prefill_attention, qk_norm_rope,
-                                          qk_norm_rope_reference, reads_pool_directly, silu_mul,
-                                          silu_mul_reference)
+from minipaged.kernels.fused_ops import (add_rms_norm, add_rms_norm_reference, qk_norm_rope,
+                                        silu_mul, silu_mul_reference)
+from minipaged.kernels.prefill_attention import (PrefillPlan, paged_prefill_attention,
+                                                 plan_paged_prefill, reads_pool_directly)
+from minipaged.model.fast_qwen3 import (FastQwen3Model, fuse_linears, fused_weight_bytes,
+                                        qk_norm_rope_reference)
 from minipaged.memory.block_table import blocks_needed
 from minipaged.kernels.kv_cache import PagedKVCache
 from minipaged.model.qwen3 import (ForwardBatch, Qwen3PagedModel, greedy_generate,
@@ -301,14 +302,14 @@ def test_fast_model_writes_and_reads_through_the_cache(setup):
 
 def test_paged_prefill_on_and_off_give_the_same_tokens(setup, monkeypatch):
     hf, prompts, reference = setup
-    fast = FastQwen3Model.from_hf(hf)
+    fast = FastQwen3Model.from_paged(Qwen3PagedModel.from_hf(hf), plan_paged_prefill)
     calls = []
-    import minipaged.engine.fast_engine as fe
-    original = fe.paged_prefill_attention
-    monkeypatch.setattr(fe, "paged_prefill_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = prefill_module.paged_prefill_attention
+    monkeypatch.setattr(prefill_module, "paged_prefill_attention",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     on = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
     assert calls and on.tokens == reference
-    monkeypatch.setattr(FastQwen3Model, "use_paged_prefill", False)
+    fast.plan_prefill = None                     # chapter 13's model: chapter 9's prefill
     calls.clear()
     off = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
     assert not calls and off.tokens == reference
@@ -324,13 +325,15 @@ def tokens(outputs):
 
 
 def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
-    from minipaged.engine.fast_engine import FusedSampler, OverlapScheduler, OverlapStepLoop
+    from minipaged.engine.fused_sampler import FusedSampler
+    from minipaged.engine.overlap_scheduler import OverlapScheduler, OverlapStepLoop
     from minipaged.entrypoints.llm import FAST_PARTS
 
     assert minipaged.LLM is PackageLLM and not issubclass(PackageLLM, LLMEngine)
     llm = LLM(setup[0], block_size=4)
     engine = llm.llm_engine
     assert type(engine) is LLMEngine and isinstance(engine.model, FastQwen3Model)
+    assert engine.model.plan_prefill is plan_paged_prefill    # chapter 14's part, given
     assert type(engine.runner.sampler) is FusedSampler
     assert type(engine.scheduler) is OverlapScheduler and type(engine.loop) is OverlapStepLoop
     assert sorted(FAST_PARTS.cache_formats) == ["auto", "fp8"]
@@ -351,8 +354,9 @@ def test_fast_engine_chunked_prefill_reads_earlier_chunks_from_the_pool(setup):
 def test_a_step_of_decodes_and_prefill_chunks_is_one_forward_with_paged_prefill(
         setup, paged_prefill, monkeypatch):
     hf, prompts, reference = setup
-    monkeypatch.setattr(FastQwen3Model, "use_paged_prefill", paged_prefill)
     llm = LLM(hf, block_size=4, max_num_batched_tokens=8, check_invariants=True)
+    if not paged_prefill:
+        llm.model.plan_prefill = None            # chapter 13's model as chapter 13 builds it
     assert llm.scheduler.config.enable_chunked_prefill            # the fast engine's default
     forwards, mixed = [], []
     hook = llm.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
@@ -490,7 +494,7 @@ def test_fused_sampling_seeded_requests_ignore_the_batch(setup, monkeypatch):
 
 
 def test_sample_fused_greedy_rows_break_ties_like_argmax():
-    from minipaged.engine.fast_engine import sample_fused
+    from minipaged.kernels.fused_ops import sample_fused
 
     logits = torch.zeros(3, 700)
     logits[0, [5, 600]] = 2.0  # a tie across two lanes and two tiles
@@ -502,8 +506,8 @@ def test_sample_fused_greedy_rows_break_ties_like_argmax():
 
 
 def test_the_fast_engine_serves_an_fp8_cache_too():
-    """Chapter 13's LLM subclasses chapter 12's: kv_cache_dtype='fp8' composes with the fused
-    model, whose paged prefill kernel reads the e4m3 blocks and their scales."""
+    """kv_cache_dtype='fp8' composes with the fused model, whose paged prefill kernel
+    (chapter 14) reads the e4m3 blocks and their scales."""
     from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
 
     hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
@@ -521,12 +525,12 @@ def test_fp8_prefill_reads_the_pool_so_prefix_hits_change_nothing(monkeypatch):
     """With the e4m3 cache the paged prefill kernel reads every key quantized, cached or
     new: prefix caching on and off give the same tokens, and chapter 9's prefill (which
     would attend over the new tokens unquantized) is never called."""
-    import minipaged.engine.fast_engine as fast_engine
+    import minipaged.model.fast_qwen3 as fast_qwen3
 
     def refuse(*args, **kwargs):
         raise AssertionError("chapter 9's prefill_attention was called")
 
-    monkeypatch.setattr(fast_engine, "prefill_attention", refuse)
+    monkeypatch.setattr(fast_qwen3, "prefill_attention", refuse)
     hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
     shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
     prompts = [shared + [7, 7], shared + [8], shared + [9, 9, 9]]

@@ -126,7 +126,7 @@ def test_compile_targets_finds_every_kernel_and_its_inlined_helpers():
 
 
 def test_compile_targets_skips_e4m3_specializations_before_sm89():
-    """A kernel that serves both caches (chapter 13's prefill) is compiled for every card
+    """A kernel that serves both caches (chapter 14's prefill) is compiled for every card
     with bf16 K/V, and for sm89 only with chapter 12's e4m3 K/V: compiled here, no GPU."""
     import subprocess
 
@@ -134,7 +134,7 @@ def test_compile_targets_skips_e4m3_specializations_before_sm89():
 import sys; sys.path[:0] = ['tools', '.']
 import json, triton, compile_targets as ct
 from triton.compiler import ASTSource
-kernel = ct.find_kernels()["engine.fast_engine._paged_prefill_kernel"]
+kernel = ct.find_kernels()["kernels.prefill_attention._paged_prefill_kernel"]
 def spec(kv, scale):
     ptrs = {'q_ptr': '*bf16', 'k_ptr': kv, 'v_ptr': kv, 'out_ptr': '*bf16', 'ks_ptr': scale,
             'vs_ptr': scale}

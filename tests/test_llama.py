@@ -82,7 +82,8 @@ def test_a_qwen3_state_dict_under_a_llama_config_is_refused(hf_llama):
 
 
 def test_fused_rope_without_qk_norm_equals_chapter_9s_rope():
-    from minipaged.engine.fast_engine import qk_norm_rope, qk_norm_rope_reference
+    from minipaged.kernels.fused_ops import qk_norm_rope
+    from minipaged.model.fast_qwen3 import qk_norm_rope_reference
     from minipaged.model.qwen3 import apply_rope
 
     torch.manual_seed(0)
@@ -99,7 +100,7 @@ def test_fused_rope_without_qk_norm_equals_chapter_9s_rope():
 
 
 def test_the_fast_model_serves_a_llama(hf_llama):
-    from minipaged.engine.fast_engine import as_fast_model
+    from minipaged.model.fast_qwen3 import as_fast_model
 
     fast = as_fast_model(Qwen3PagedModel.from_hf(hf_llama))
     assert fast.layers[0].self_attn.q_norm is None

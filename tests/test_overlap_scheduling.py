@@ -1,4 +1,4 @@
-"""Chapter 13's overlap scheduling: a decode step planned and committed before the previous step's
+"""Chapter 14's overlap scheduling: a decode step planned and committed before the previous step's
 tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minipaged.engine.fast_engine import UNRESOLVED, OverlapScheduler
+from minipaged.engine.overlap_scheduler import UNRESOLVED, OverlapScheduler
 from minipaged.entrypoints.llm import LLM
 from minipaged.engine.scheduler import SamplingParams
 from tests.test_engine import NEW, setup  # noqa: F401  (the tiny model, prompts, greedy reference)

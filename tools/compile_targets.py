@@ -108,7 +108,7 @@ def exercise_kernels() -> None:
             teaching = getattr(decode_attention, "_paged_attention_v1", None)
             if teaching is not None:  # chapter 8's version 1
                 teaching(query, cache, 0, tables, lens)
-            exercise_fast_engine(dtype, head_dim)
+            exercise_fast_kernels(dtype, head_dim)
             exercise_fp8_cache(dtype, head_dim)
     torch.cuda.synchronize()
 
@@ -144,21 +144,22 @@ def exercise_fp8_cache(dtype, head_dim: int) -> None:
     for splits in (1, 4):
         cache.paged_attention(query, 0, tables, lens, num_splits=splits)
     try:
-        from minipaged.engine.llm_engine import fast_engine
+        from minipaged.kernels.prefill_attention import paged_prefill_attention
         from minipaged.model.qwen3 import ForwardBatch
     except ImportError:
         return
     batch = ForwardBatch.from_sequences([[0] * 20, [0] * 3], [0, 10], [[0, 1], [2]], 16, "cuda")
-    fast_engine.paged_prefill_attention(torch.randn(23, 8, head_dim, device="cuda", dtype=dtype),
-                                        cache, 0, batch, head_dim ** -0.5)
+    paged_prefill_attention(torch.randn(23, 8, head_dim, device="cuda", dtype=dtype),
+                            cache, 0, batch, head_dim ** -0.5)
 
 
-def exercise_fast_engine(dtype, head_dim: int) -> None:
-    """Chapter 13's fused kernels and paged prefill, when the package has them."""
+def exercise_fast_kernels(dtype, head_dim: int) -> None:
+    """Chapter 13's fused kernels and chapter 14's paged prefill, when the package has them."""
     import torch
 
     try:
-        from minipaged.engine.llm_engine import fast_engine
+        from minipaged.kernels import fused_ops
+        from minipaged.kernels.prefill_attention import paged_prefill_attention
     except ImportError:
         return
     from minipaged.kernels.kv_cache import PagedKVCache
@@ -168,18 +169,17 @@ def exercise_fast_engine(dtype, head_dim: int) -> None:
         return torch.randn(*shape, device="cuda", dtype=dtype)
 
     x, ones = rand(5, 96), torch.ones(96, device="cuda", dtype=dtype)
-    fast_engine.add_rms_norm(x, None, ones, 1e-6)
-    fast_engine.add_rms_norm(x, rand(5, 96), ones, 1e-6)
+    fused_ops.add_rms_norm(x, None, ones, 1e-6)
+    fused_ops.add_rms_norm(x, rand(5, 96), ones, 1e-6)
     gain = torch.ones(head_dim, device="cuda", dtype=dtype)
     cos, sin = rope_cos_sin(torch.arange(5, device="cuda"), rope_inv_freq(head_dim, 1e4), dtype)
-    fast_engine.qk_norm_rope(rand(5, 12 * head_dim), 8, 2, gain, gain, cos, sin, 1e-6)
-    fast_engine.silu_mul(rand(5, 192))
+    fused_ops.qk_norm_rope(rand(5, 12 * head_dim), 8, 2, gain, gain, cos, sin, 1e-6)
+    fused_ops.silu_mul(rand(5, 192))
     cache = PagedKVCache(1, 8, 16, 2, head_dim, dtype=dtype, device="cuda")
     batch = ForwardBatch.from_sequences([[0] * 20, [0] * 3], [0, 10], [[0, 1], [2]], 16, "cuda")
-    fast_engine.paged_prefill_attention(rand(23, 8, head_dim), cache, 0, batch, head_dim ** -0.5)
-    sample_fused = getattr(fast_engine, "sample_fused", None)
-    if sample_fused is not None and head_dim == 128:  # logits in each dtype, once
-        sample_fused(rand(3, 1000), torch.tensor([0.0, 1.0, 2.0], device="cuda"),
+    paged_prefill_attention(rand(23, 8, head_dim), cache, 0, batch, head_dim ** -0.5)
+    if head_dim == 128:  # logits in each dtype, once
+        fused_ops.sample_fused(rand(3, 1000), torch.tensor([0.0, 1.0, 2.0], device="cuda"),
                      torch.arange(3, device="cuda"))
 
 

@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_serving.md § minipaged serve
+# %% chapters/15_serving.md § minipaged serve
 """``minipaged serve MODEL``: the OpenAI-compatible server on the command line."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def load_tokenizer(name: str | None):
     return AutoTokenizer.from_pretrained(name)
 
 
-# %% chapters/14_serving.md § minipaged serve
+# %% chapters/15_serving.md § minipaged serve
 def _load_dtype(name: str, device):
     """The dtype to build or load the model in: the device's own for ``auto``, else full
     precision, which ``LLM(dtype=name)`` then casts to the dtype asked for."""

@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_serving.md § A live view of the block pool
+# %% chapters/15_serving.md § A live view of the block pool
 """The dashboard: a snapshot of the block pool (taken on the engine loop's thread) and
 one HTML page that draws it."""
 
@@ -49,7 +49,7 @@ def block_pool_state(engine_loop, metrics=None) -> dict:
             "consistent": manager.first_inconsistency() is None}
 
 
-# %% chapters/14_serving.md § A live view of the block pool
+# %% chapters/15_serving.md § A live view of the block pool
 DASHBOARD_HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>minipaged: block pool</title>
 <style>

@@ -1,12 +1,13 @@
-# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/14_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md § The assembled engine: minipaged.LLM
+# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 """``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
 
 The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter
-12's FP8 cache format beside chapter 7's, and chapter 13's fused model, one-kernel
-sampler, overlap scheduler and overlapped step loop. With the PyTorch attention backend
+12's FP8 cache format beside chapter 7's, chapter 13's fused model with chapter 14's paged
+prefill kernel as its prefill part, chapter 13's one-kernel sampler, and chapter 14's
+overlap scheduler and overlapped step loop. With the PyTorch attention backend
 (a CPU) the model and sampler are chapter 9's and chapter 11's, whose PyTorch code is
 fast there, where the fused Triton kernels would only be interpreted.
 """
@@ -14,15 +15,18 @@ fast there, where the fused Triton kernels would only be interpreted.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
+from minipaged.engine.fused_sampler import FusedSampler
 from minipaged.engine.llm_engine import (MODEL_DTYPE_CACHE, BeamSearchOutput, CacheFormat,
                                          EngineParts, LLMEngine, RequestOutput, StepLoop,
                                          resolve_attention_backend)
-from minipaged.engine.fast_engine import (FusedSampler, OverlapScheduler, OverlapStepLoop,
-                                          as_fast_model, serves_mixed_batches)
+from minipaged.engine.overlap_scheduler import OverlapScheduler, OverlapStepLoop
 from minipaged.kernels.fp8_kv_cache import fp8_block_bytes, new_fp8_cache
+from minipaged.kernels.prefill_attention import plan_paged_prefill, serves_mixed_batches
+from minipaged.model.fast_qwen3 import as_fast_model
 from minipaged.runtime import default_device
 from minipaged.engine.sampler import Sampler
 from minipaged.engine.scheduler import SamplingParams
@@ -32,8 +36,9 @@ __all__ = ["FAST_PARTS", "TORCH_PARTS", "LLM"]
 FAST_PARTS = EngineParts(
     cache_formats={"auto": MODEL_DTYPE_CACHE,
                    "fp8": CacheFormat(new_fp8_cache, fp8_block_bytes, backends=("triton",))},
-    prepare_model=as_fast_model, sampler=FusedSampler, scheduler=OverlapScheduler,
-    step_loop=OverlapStepLoop, single_forward=serves_mixed_batches)
+    prepare_model=partial(as_fast_model, plan_prefill=plan_paged_prefill),
+    sampler=FusedSampler, scheduler=OverlapScheduler, step_loop=OverlapStepLoop,
+    single_forward=serves_mixed_batches)
 """The best part of every kind the book builds."""
 
 TORCH_PARTS = replace(FAST_PARTS, prepare_model=lambda model: model, sampler=Sampler,
@@ -57,7 +62,7 @@ class LLM:
     ``Qwen3PagedModel``, or a hub id / local path. ``kv_cache_dtype``: ``"auto"`` (the
     model's dtype) or ``"fp8"`` (e4m3 with per-slot scales, chapter 12).
     ``overlap_scheduling``: plan each plain decode step while the GPU runs the previous
-    one (chapter 13). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
+    one (chapter 14). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
     of the GPU's memory (a small default on CPU). ``attention_backend``: ``"auto"``
     (Triton kernels on a GPU, PyTorch on a CPU), ``"triton"`` or ``"torch"`` (chapter
     11). The other options are vLLM's, with
@@ -166,7 +171,8 @@ class LLM:
 
     @property
     def model(self):
-        """The model the engine runs (chapter 13's ``FastQwen3Model``; chapter 9's model
+        """The model the engine runs (chapter 13's ``FastQwen3Model``, prefilling with
+        chapter 14's paged kernel; chapter 9's model
         with the PyTorch attention backend)."""
         return self.llm_engine.model
 

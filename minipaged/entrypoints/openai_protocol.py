@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_serving.md § The OpenAI protocol
+# %% chapters/15_serving.md § The OpenAI protocol
 """The request bodies of OpenAI's completions and chat API, and its error shape."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_serving.md § The OpenAI protocol
+# %% chapters/15_serving.md § The OpenAI protocol
 """An OpenAI-compatible HTTP server in front of an ``EngineLoop`` (FastAPI).
 
 ``create_app(llm, ...)`` builds the app: ``/v1/models``, ``/v1/completions``,
@@ -92,7 +92,7 @@ def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> Samplin
         raise OpenAIError(400, str(error), param=str(error).split(" ", 1)[0])
 
 
-# %% chapters/14_serving.md § Streaming
+# %% chapters/15_serving.md § Streaming
 @dataclass
 class _Answer:
     """What every chunk of one answer repeats."""
@@ -249,7 +249,7 @@ async def _collect(answer: _Answer, stream) -> dict:
             "choices": choices, "usage": answer.usage(completion, cached)}
 
 
-# %% chapters/14_serving.md § The app
+# %% chapters/15_serving.md § The app
 class _BodyLimit:
     """ASGI middleware: refuse a request body over ``limit`` bytes (413)."""
 
@@ -319,7 +319,7 @@ def _install_errors(app: FastAPI) -> None:
                             status_code=error.status_code, headers=error.headers)
 
 
-# %% chapters/14_serving.md § The app
+# %% chapters/15_serving.md § The app
 def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
                api_key: str | None = None, max_waiting: int | None = 256,
                max_body_bytes: int = 1 << 20) -> FastAPI:
@@ -375,7 +375,7 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
     return app
 
 
-# %% chapters/14_serving.md § The app
+# %% chapters/15_serving.md § The app
 def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
             metrics: ServerMetrics) -> None:
     @app.post("/v1/completions")

@@ -1,4 +1,4 @@
-"""Checks for the chapter 14 exercises (exercises/ch14_serving.py)."""
+"""Checks for the chapter 15 exercises (exercises/ch15_serving.py)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams
 from tests.exercises.answers import load
 
-ex = load("ch14_serving")
+ex = load("ch15_serving")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
@@ -67,8 +67,8 @@ def stops_at_unknown(engine, live, gone):  # an id that already finished raises
 def test_14_1_a_correct_answer_passes_the_grading(model):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "solutions" / "ch14_serving.py"
-    spec = importlib.util.spec_from_file_location("reference_ch14_serving", path)
+    path = Path(__file__).resolve().parents[2] / "solutions" / "ch15_serving.py"
+    spec = importlib.util.spec_from_file_location("reference_ch15_serving", path)
     reference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reference)
     grade_abort(model, reference.abort_disconnected)
