@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from colab_twin import BookContext, colab_url  # noqa: E402
 
 TWINS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-ROLE = re.compile(r"\{[\w:.-]+\}`")
+ROLE = re.compile(r"\{[A-Za-z][\w:.-]*\}`")  # a role's name starts with a letter: `{1}` is code
 FENCE = re.compile(r"^\s*(`{3,}|:{3,})\{[\w:.-]+\}", re.M)
 TARGET = re.compile(r"^\([\w.:-]+\)=\s*$", re.M)
 CHAPTER_LINK = re.compile(r"\]\((?P<target>[^)]*\d\d_[\w-]+\.(?:md|ipynb)[^)]*)\)")

@@ -540,22 +540,21 @@ def paged_attention_torch(query: torch.Tensor, cache: PagedKVCache, layer: int,
     masked SDPA call; ``query``'s dtype and device. Kernel-only options are ignored."""
     check_decode_inputs(query, cache, layer, block_tables, seq_lens)
     batch, num_heads, head_dim = query.shape
-    max_len = int(seq_lens.max()) if batch else 0
-    if max_len == 0:
+    shortest, longest = (int(n) for n in seq_lens.aminmax()) if batch else (0, 0)
+    if longest == 0:
         return torch.zeros_like(query)
-    width = blocks_needed(max_len, cache.block_size)
-    blocks = block_tables[:, :width].reshape(-1).long()
+    width = blocks_needed(longest, cache.block_size)
+    blocks = block_tables[:, :width].reshape(-1)  # int32 block ids, as index_select takes
     shape = (batch, width * cache.block_size, cache.num_kv_heads, head_dim)
-    k, v = (cache.token_view(x).index_select(0, blocks).reshape(shape)[:, :max_len]
-            .transpose(1, 2).to(query.dtype)
-            for x in (cache.key_cache(layer), cache.value_cache(layer)))
-    lens = seq_lens.to(query.device).long()
-    ragged = bool((lens != max_len).any())  # equal lengths need no mask (nor a fix-up)
-    visible = torch.arange(max_len, device=query.device)[None, :] < lens[:, None]
-    out = F.scaled_dot_product_attention(
-        query[:, :, None], k, v, attn_mask=visible[:, None, None] if ragged else None,
-        scale=scale, enable_gqa=True)[:, :, 0]
-    return torch.where(lens[:, None, None] > 0, out, 0.0) if ragged else out
+    k, v = (cache.token_view(x).index_select(0, blocks).reshape(shape)[:, :longest]
+            .transpose(1, 2) for x in (cache.key_cache(layer), cache.value_cache(layer)))
+    visible = None  # equal lengths need no mask (nor a fix-up)
+    if shortest < longest:
+        positions = torch.arange(longest, device=query.device)
+        visible = (positions < seq_lens[:, None])[:, None, None]
+    out = F.scaled_dot_product_attention(query[:, :, None], k, v, attn_mask=visible,
+                                         scale=scale, enable_gqa=True)[:, :, 0]
+    return out if visible is None else torch.where(seq_lens[:, None, None] > 0, out, 0.0)
 
 
 DECODE_ATTENTION = {"triton": paged_attention, "torch": paged_attention_torch}

@@ -161,7 +161,7 @@ class PagedKVCache:
         if check_slots is None:
             check_slots = slot_mapping.device.type == "cpu"
         if check_slots and num_tokens:
-            low, high = int(slot_mapping.min()), int(slot_mapping.max())
+            low, high = (int(s) for s in slot_mapping.aminmax())
             if low < -1 or high >= self.num_slots:
                 raise KVCacheError(f"slot_mapping holds slots in [{low}, {high}] but this "
                                    + f"cache has slots 0..{self.num_slots - 1} "
@@ -244,13 +244,15 @@ class PagedKVCache:
 def write_kv_reference(cache: PagedKVCache, layer: int, key: torch.Tensor,
                        value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Plain-PyTorch ``cache.write``: token ``i`` goes to slot ``slot_mapping[i]``."""
-    keep = (slot_mapping >= 0) & (slot_mapping < cache.num_slots)
-    if bool(keep.all()):  # the usual step: no boolean indexing, no copies of key/value
-        slots, keep = slot_mapping.long(), slice(None)
-    else:
-        slots = slot_mapping[keep].long()
+    slots = slot_mapping.long()
+    if len(slots) == 0:
+        return
+    low, high = slots.aminmax()  # the usual step: every slot valid, no boolean indexing
+    if int(low) < 0 or int(high) >= cache.num_slots:
+        keep = (slots >= 0) & (slots < cache.num_slots)
+        slots, key, value = slots[keep], key[keep], value[keep]
     for tensor, new in ((cache.key_cache(layer), key), (cache.value_cache(layer), value)):
-        new = new[keep].to(cache.dtype)
+        new = new.to(cache.dtype)
         if cache.layout == "NHD":  # slot s is row s of the layer seen as [slots, H, D]
             tensor.view(cache.num_slots, *tensor.shape[2:]).index_copy_(0, slots, new)
         else:

@@ -177,6 +177,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # the same numbers as the steps below, in one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -204,8 +206,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` [N, H, D] by each token's angles; dimension i pairs with i + D/2."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
@@ -407,7 +409,9 @@ class Qwen3PagedAttention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # queries and keys turn by the same angles: one rotation serves both
+        q, k = apply_rope(torch.cat((q, k), dim=1), cos, sin).split(
+            (self.num_heads, self.num_kv_heads), dim=1)
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
             o = paged_decode(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,

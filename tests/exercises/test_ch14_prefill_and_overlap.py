@@ -17,13 +17,16 @@ CASES = [([5, 17, 1, 33], 16), ([16, 32], 16), ([0, 3, 0, 7], 4), ([1] * 5, 8), 
 
 def plan_tiles(query_lens, block_m):
     """The tiles the paged prefill kernel's plan lists, as (sequence, first new token)."""
-    lens = list(query_lens)
-    if not lens:
+    # a batch holds only sequences with new tokens: plan those, then number them as the caller did
+    present = [seq for seq, q in enumerate(query_lens) if q > 0]
+    if not present:
         return []
+    lens = [query_lens[seq] for seq in present]
     batch = ForwardBatch.from_sequences([[0] * q for q in lens], [0] * len(lens),
-                                        [[0] * max(1, q) for q in lens], 1, "cpu")
+                                        [[0] * q for q in lens], 1, "cpu")
     plan = PrefillPlan.for_batch(batch, block_m)
-    return list(zip(plan.tile_seq.tolist(), plan.tile_start.tolist()))
+    return [(present[seq], start) for seq, start in zip(plan.tile_seq.tolist(),
+                                                        plan.tile_start.tolist())]
 
 
 def grade_query_tiles(fn, cases=CASES):
