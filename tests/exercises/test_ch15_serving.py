@@ -42,7 +42,7 @@ def grade_abort(model, abort_disconnected):
     assert engine.manager.first_inconsistency() is None
 
 
-def test_14_1_abort_disconnected(model):
+def test_15_1_abort_disconnected(model):
     grade_abort(model, ex.abort_disconnected)
 
 
@@ -64,7 +64,7 @@ def stops_at_unknown(engine, live, gone):  # an id that already finished raises
 
 
 @pytest.mark.grader
-def test_14_1_a_correct_answer_passes_the_grading(model):
+def test_15_1_a_correct_answer_passes_the_grading(model):
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "solutions" / "ch15_serving.py"
@@ -76,6 +76,6 @@ def test_14_1_a_correct_answer_passes_the_grading(model):
 
 @pytest.mark.grader
 @pytest.mark.parametrize("buggy", [forgets_only, keeps_live, stops_at_unknown])
-def test_14_1_grading_catches_planted_bugs(model, buggy):
+def test_15_1_grading_catches_planted_bugs(model, buggy):
     with pytest.raises((AssertionError, KeyError)):
         grade_abort(model, buggy)
