@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import torch
@@ -175,13 +176,18 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
+        gc.collect()  # earlier engines' garbage goes now, not in the middle of a capture
         for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
             batch = self._batch(b)
             model(batch, cache)  # compile and warm up outside the capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = model(batch, cache)
+            gc.disable()  # no collection frees an earlier engine's tensors mid-capture
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[b] = model(batch, cache)
+            finally:
+                gc.enable()
             pool = graph.pool()
             self.graphs[b] = graph
 
