@@ -3,6 +3,7 @@
     python benchmarks/bench_cpu_vs_transformers.py [--model random|smollm2] [--batch-sizes 1 8]
                                                    [--new-tokens 32] [--prompt-len 64]
                                                    [--repeats 5] [--threads N] [--out DIR]
+                                                   [--dtype float32|bfloat16]
 
 ``--model random``: a random Qwen3 with SmolLM2-135M's dimensions (30 layers, hidden 576, 9 query /
 3 KV heads, head dim 64, intermediate 1536, vocab 49,152, tied embeddings), loaded by
@@ -14,7 +15,8 @@ Each repeat draws fresh prompts (so the engine's prefix cache never hits a previ
 both engines on them greedily for exactly ``--new-tokens`` tokens (no EOS stop), in alternating
 order, and times the whole call. The engine is built once with default options (as a server
 would be) and warmed up, like transformers, by one untimed run. Writes
-DIR/cpu_vs_transformers.json (``--model smollm2``: DIR/cpu_vs_transformers_smollm2.json) with {"device", "date", "command", "rows": [per batch size:
+DIR/cpu_vs_transformers.json (``--model smollm2``: DIR/cpu_vs_transformers_smollm2.json; a
+``--dtype`` other than float32 adds its name: DIR/cpu_vs_transformers_bfloat16.json) with {"device", "date", "command", "rows": [per batch size:
 engine and transformers tok/s per repeat and their medians, the ratio of medians]}.
 """
 
@@ -91,12 +93,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both engines (default: torch's own choice)")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the weights' dtype, the same for both engines")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     load_at_start = os.getloadavg()
     model = random_model() if args.model == "random" else smollm2_model()
+    model = model.to(getattr(torch, args.dtype))
     vocab = model.config.vocab_size
     llm = minipaged.LLM(model)
     engine = llm.llm_engine
@@ -135,7 +140,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
         "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
-        "model": args.model, "shape": {k: v for k, v in SMOLLM2_SHAPE.items()
+        "model": args.model, "dtype": args.dtype, "shape": {k: v for k, v in SMOLLM2_SHAPE.items()
                                        if k != "rope_parameters"},
         "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
         "engine": {"class": "minipaged.LLM (default options)",
@@ -146,7 +151,8 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.model == "random" else f"_{args.model}"
+    suffix = ("" if args.model == "random" else f"_{args.model}") + (
+        "" if args.dtype == "float32" else f"_{args.dtype}")
     path = args.out / f"cpu_vs_transformers{suffix}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
