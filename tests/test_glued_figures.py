@@ -669,3 +669,14 @@ def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree(
     assert sum(ms.values()) == pytest.approx(phases["wall_ms_per_step"], rel=1e-6)
     assert phases["host_ms_per_step"] == pytest.approx(phases["wall_ms_per_step"]
                                                        - ms["wait for GPU"])
+
+
+def test_ch11_the_cpu_engines_are_level_within_the_spread_of_their_repeats():
+    """Chapter 11: on the CPU the engine and transformers are "level, within the spread of the
+    repeats", and "both produce the same tokens" (the real model and the random one)."""
+    for name in ("cpu_vs_transformers.json", "cpu_vs_transformers_smollm2.json"):
+        for row in record(name)["rows"]:
+            assert all(row["same_tokens"]), (name, row["batch"])
+            ours, theirs = row["engine_tok_s"], row["transformers_tok_s"]
+            # the two engines' ranges of repeats overlap
+            assert max(ours) >= min(theirs) and max(theirs) >= min(ours), (name, row["batch"])
