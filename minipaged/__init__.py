@@ -128,6 +128,7 @@ _ELSEWHERE = {
     "copy_blocks_between": "kernels.kv_cache",
     "paged_attention_reference": "kernels.decode_attention",
     "paged_attention_torch": "kernels.decode_attention",
+    "TorchDecodePlan": "kernels.decode_attention",
     "DECODE_ATTENTION": "kernels.decode_attention",
     "choose_num_splits": "kernels.decode_attention",
     "launch_decode": "kernels.decode_attention",

@@ -12,6 +12,7 @@ from minipaged.kernels.decode_attention import (DECODE_ATTENTION, paged_attentio
 from minipaged.engine.llm_engine import CacheFormat, LLMEngine, resolve_attention_backend
 from minipaged.model.fast_qwen3 import FastQwen3Model
 from minipaged.kernels.kv_cache import LAYOUTS, KVCacheError, PagedKVCache
+from minipaged.model import qwen3
 from minipaged.model.qwen3 import Qwen3PagedModel, random_qwen3, reference_greedy, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams
 
@@ -107,6 +108,27 @@ def test_backends_are_chosen_by_name():
         resolve_attention_backend("flash", "cpu")
     with pytest.raises(ValueError, match="kv_cache_dtype='auto'"):
         resolve_attention_backend("torch", "cpu", ("triton",))
+
+
+def test_the_step_plan_is_made_once_per_decode_step_and_changes_nothing(monkeypatch):
+    """The model builds one TorchDecodePlan per decode step (never for prefill, the Triton
+    backend or a cache with its own reader), and its logits equal those without a plan."""
+    hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    built, real = [], qwen3.decode_plan
+    monkeypatch.setattr(qwen3, "decode_plan", lambda b, c: built.append(real(b, c)) or built[-1])
+    llm = LLMEngine(hf, block_size=4, num_blocks=64, attention_backend="torch")
+    llm.generate([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], GREEDY, use_tqdm=False)
+    plans = [p for p in built if p is not None]
+    assert len(plans) == NEW - 1 and len(built) > len(plans)  # decode steps only
+    steps = []  # the same steps again, each run with and without its plan
+    monkeypatch.setattr(qwen3, "decode_plan", lambda b, c: steps.append((b, c)) or real(b, c))
+    llm.generate([[11, 12], [13, 14, 15, 16, 17]], GREEDY, use_tqdm=False)
+    batch, cache = next((b, c) for b, c in steps if b.is_decode)
+    with_plan = llm.model(batch, cache)
+    monkeypatch.setattr(qwen3, "decode_plan", lambda b, c: None)
+    assert torch.equal(llm.model(batch, cache), with_plan)
+    cache.attention_backend = "triton"
+    assert real(batch, cache) is None
 
 
 @pytest.fixture(scope="module")

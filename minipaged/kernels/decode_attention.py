@@ -23,6 +23,7 @@ __all__ = [
     "paged_attention",
     "paged_attention_reference",
     "paged_attention_torch",
+    "TorchDecodePlan",
     "DECODE_ATTENTION",
     "PagedAttentionError",
     "choose_num_splits",
@@ -533,28 +534,51 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, layer: int,
 
 
 # %% chapters/08_paged_attention.md § The same operation in PyTorch, for a CPU
+@dataclass(frozen=True)
+class TorchDecodePlan:
+    """What decode attention in PyTorch reads from a step's tables, worked out once: the
+    block ids to gather, the longest length, and the mask (None when lengths are equal)."""
+
+    blocks: torch.Tensor               # int32 [B * width]: each row's first `width` blocks
+    longest: int
+    visible: torch.Tensor | None       # [B, 1, 1, longest] bool, True where a key counts
+    empty: torch.Tensor | None         # [B, 1, 1] bool, True for a sequence of length 0
+
+    @classmethod
+    def build(cls, block_size: int, block_tables: torch.Tensor, seq_lens: torch.Tensor
+              ) -> TorchDecodePlan:
+        batch = seq_lens.shape[0]
+        shortest, longest = (int(n) for n in seq_lens.aminmax()) if batch else (0, 0)
+        width = blocks_needed(longest, block_size)
+        visible = empty = None  # equal lengths need no mask (nor a fix-up)
+        if shortest < longest:
+            positions = torch.arange(longest, device=seq_lens.device)
+            visible = (positions < seq_lens[:, None])[:, None, None]
+            empty = (seq_lens == 0)[:, None, None] if shortest == 0 else None
+        return cls(block_tables[:, :width].reshape(-1), longest, visible, empty)
+
+    def attend(self, query: torch.Tensor, cache: PagedKVCache, layer: int,
+               scale: float | None = None) -> torch.Tensor:
+        """Decode attention of ``query`` [B, H, D] over ``layer``'s cached tokens."""
+        if self.longest == 0:
+            return torch.zeros_like(query)
+        batch, _, head_dim = query.shape
+        shape = (batch, -1, cache.num_kv_heads, head_dim)
+        k, v = (cache.token_view(x).index_select(0, self.blocks).view(shape)[:, :self.longest]
+                .transpose(1, 2) for x in (cache.key_cache(layer), cache.value_cache(layer)))
+        out = F.scaled_dot_product_attention(query[:, :, None], k, v, attn_mask=self.visible,
+                                             scale=scale, enable_gqa=True)[:, :, 0]
+        return out if self.empty is None else out.masked_fill(self.empty, 0.0)
+
+
 def paged_attention_torch(query: torch.Tensor, cache: PagedKVCache, layer: int,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
                           scale: float | None = None, **_) -> torch.Tensor:
     """``paged_attention`` in plain PyTorch: one gather through the block tables, one
     masked SDPA call; ``query``'s dtype and device. Kernel-only options are ignored."""
     check_decode_inputs(query, cache, layer, block_tables, seq_lens)
-    batch, num_heads, head_dim = query.shape
-    shortest, longest = (int(n) for n in seq_lens.aminmax()) if batch else (0, 0)
-    if longest == 0:
-        return torch.zeros_like(query)
-    width = blocks_needed(longest, cache.block_size)
-    blocks = block_tables[:, :width].reshape(-1)  # int32 block ids, as index_select takes
-    shape = (batch, width * cache.block_size, cache.num_kv_heads, head_dim)
-    k, v = (cache.token_view(x).index_select(0, blocks).reshape(shape)[:, :longest]
-            .transpose(1, 2) for x in (cache.key_cache(layer), cache.value_cache(layer)))
-    visible = None  # equal lengths need no mask (nor a fix-up)
-    if shortest < longest:
-        positions = torch.arange(longest, device=query.device)
-        visible = (positions < seq_lens[:, None])[:, None, None]
-    out = F.scaled_dot_product_attention(query[:, :, None], k, v, attn_mask=visible,
-                                         scale=scale, enable_gqa=True)[:, :, 0]
-    return out if visible is None else torch.where(seq_lens[:, None, None] > 0, out, 0.0)
+    plan = TorchDecodePlan.build(cache.block_size, block_tables, seq_lens)
+    return plan.attend(query, cache, layer, scale)
 
 
 DECODE_ATTENTION = {"triton": paged_attention, "torch": paged_attention_torch}

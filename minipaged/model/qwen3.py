@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minipaged.memory.block_manager import StepReservation
 from minipaged.memory.block_table import blocks_needed, pad_block_tables, slots_for_positions
-from minipaged.kernels.decode_attention import DECODE_ATTENTION
+from minipaged.kernels.decode_attention import DECODE_ATTENTION, TorchDecodePlan
 from minipaged.kernels.kv_cache import PagedKVCache
 
 __all__ = [
@@ -402,7 +402,8 @@ class Qwen3PagedAttention(nn.Module):
 
     # %% chapters/09_qwen3.md § Attention over the paged cache
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+                batch: ForwardBatch, cache: PagedKVCache,
+                plan: TorchDecodePlan | None = None) -> torch.Tensor:
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
@@ -415,7 +416,7 @@ class Qwen3PagedAttention(nn.Module):
         cache.write(self.layer_idx, k, v, batch.slot_mapping)
         if batch.is_decode:
             o = paged_decode(q, cache, self.layer_idx, batch.block_tables, batch.seq_lens,
-                             self.scale)
+                             self.scale, plan)
         else:
             o = prefill_attention(q, k, v, batch, cache, self.layer_idx, self.scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
@@ -423,16 +424,27 @@ class Qwen3PagedAttention(nn.Module):
 
 # %% chapters/09_qwen3.md § Attention over the paged cache
 def paged_decode(query: torch.Tensor, cache: PagedKVCache, layer: int,
-                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
-                 ) -> torch.Tensor:
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 plan: TorchDecodePlan | None = None) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached keys and values:
-    the cache's own ``paged_attention`` method when it has one, else chapter 8's
-    implementation named by the cache's ``attention_backend``."""
+    ``plan.attend`` when the step has a plan, the cache's own ``paged_attention`` method
+    when it has one, else chapter 8's implementation named by its ``attention_backend``."""
+    if plan is not None:
+        return plan.attend(query, cache, layer, scale)
     read = getattr(cache, "paged_attention", None)
     if read is not None:
         return read(query, layer, block_tables, seq_lens, scale=scale)
     attend = DECODE_ATTENTION[cache.attention_backend]
     return attend(query, cache, layer, block_tables, seq_lens, scale=scale)
+
+
+def decode_plan(batch: ForwardBatch, cache: PagedKVCache) -> TorchDecodePlan | None:
+    """The step's ``TorchDecodePlan`` when decode attention runs in PyTorch on a cache
+    without its own reader; None otherwise."""
+    if (not batch.is_decode or cache.attention_backend != "torch"
+            or hasattr(cache, "paged_attention")):
+        return None
+    return TorchDecodePlan.build(cache.block_size, batch.block_tables, batch.seq_lens)
 
 
 # %% chapters/09_qwen3.md § The MLP and the decoder layer
@@ -461,8 +473,9 @@ class Qwen3PagedLayer(nn.Module):
         self.mlp = Qwen3PagedMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache)
+                batch: ForwardBatch, cache: PagedKVCache,
+                plan: TorchDecodePlan | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -568,8 +581,9 @@ class Qwen3PagedModel(nn.Module):
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
+        plan = decode_plan(batch, cache)  # once per step, for every layer
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, cache)
+            x = layer(x, cos, sin, batch, cache, plan)
         return self.lm_head(self.norm(x[batch.logits_indices]))
 
 
