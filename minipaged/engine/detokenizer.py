@@ -52,6 +52,7 @@ class IncrementalDetokenizer:
             return self._text
         return self._text[:len(self._text) - self._partial_stop()]
 
+    # %% chapters/11_engine.md § Text out
     def push(self, token_ids: Iterable[int]) -> str:
         """Feed the next token ids; returns what they added to ``text``."""
         before = len(self.text)
@@ -85,6 +86,7 @@ class IncrementalDetokenizer:
         self._window, self._read = window[read:], len(window) - read
         self._find_stop(start)
 
+    # %% chapters/11_engine.md § Text out
     def _find_stop(self, start: int) -> None:
         """Cut the text at the first stop string ending after ``start`` (new text)."""
         if not self.stop:

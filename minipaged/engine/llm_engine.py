@@ -63,6 +63,7 @@ class EngineBusyError(EngineError):
     thread, or from inside a step (a model hook, a callback). Nothing of it was done."""
 
 
+# %% chapters/11_engine.md § The exported engine
 def exclusive(method):
     """One caller at a time: a call from another thread while a call runs, or any call
     while a step runs, is refused with ``EngineBusyError``; the calls one call makes of
@@ -194,6 +195,7 @@ def _prompt_list(prompts) -> list:
     return [prompts] if one else prompts
 
 
+# %% chapters/11_engine.md § The LLMEngine class
 def _load_model(model, tokenizer, device, dtype: torch.dtype | None = None):
     if isinstance(model, str):  # a name or a path: chapter 9's loader
         from minipaged.model.qwen3 import load_model
@@ -238,6 +240,7 @@ def _eos_ids(config, tokenizer, generation_config=None) -> list[int]:
     return ids
 
 
+# %% chapters/11_engine.md § The LLMEngine class
 class CacheFormat(NamedTuple):
     """How an engine stores K/V: ``new_cache(model, num_blocks, block_size)`` builds the
     pool, ``block_bytes(model, block_size)`` is what one block costs (for sizing),
@@ -284,8 +287,14 @@ def resolve_attention_backend(name: str, device: torch.device | str,
     return name
 
 
-def _check_engine_args(device, gpu_memory_utilization) -> None:
-    """Raise ``ValueError`` for a device or a memory fraction the engine cannot use."""
+# %% chapters/11_engine.md § The LLMEngine class
+def _check_engine_args(device, gpu_memory_utilization, kv_cache_dtype: str,
+                       cache_formats: Mapping) -> None:
+    """Raise ``ValueError`` for a cache format, a device or a memory fraction the engine
+    cannot use."""
+    if kv_cache_dtype not in cache_formats:
+        raise ValueError(f"kv_cache_dtype must be one of {sorted(cache_formats)}, "
+                         + f"got {kv_cache_dtype!r}")
     if (device is not None and torch.device(device).type == "cuda"
             and not torch.cuda.is_available()):
         raise ValueError(f"device='{torch.device(device)}' but no CUDA GPU is available: "
@@ -327,6 +336,7 @@ class LLMEngine:
 
     CPU_DEFAULT_BLOCKS = 1024
 
+    # %% chapters/11_engine.md § The LLMEngine class
     def __init__(self, model, *, parts: EngineParts | None = None, tokenizer=None,
                  dtype: str | torch.dtype = "auto",
                  device: torch.device | str | None = None, block_size: int = 16,
@@ -338,10 +348,7 @@ class LLMEngine:
                  num_cpu_blocks: int | None = None, enable_cuda_graphs: bool | None = None,
                  check_invariants: bool = False, attention_backend: str = "auto") -> None:
         parts = parts or EngineParts()
-        if kv_cache_dtype not in parts.cache_formats:
-            raise ValueError(f"kv_cache_dtype must be one of {sorted(parts.cache_formats)}, "
-                             + f"got {kv_cache_dtype!r}")
-        _check_engine_args(device, gpu_memory_utilization)
+        _check_engine_args(device, gpu_memory_utilization, kv_cache_dtype, parts.cache_formats)
         cache_format = parts.cache_formats[kv_cache_dtype]
         generation_config = getattr(model, "generation_config", None)
         model, self.tokenizer = _load_model(model, tokenizer, device, _model_dtype(dtype))
@@ -652,6 +659,7 @@ class LLMEngine:
         finally:
             self._stepping = False
 
+    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
     def _beam_search_one(self, prompt: list[int], width: int,
                          max_tokens: int) -> BeamSearchOutput:
         scheduler = self.scheduler
@@ -881,6 +889,7 @@ class OutputProcessor:
                 total = request.cumulative_logprob.get(index, 0.0)
                 request.cumulative_logprob[index] = total + entry[0]
 
+    # %% chapters/11_engine.md § Text out
     def output(self, request: _Request, since: dict | None = None) -> RequestOutput:
         """The request's ``RequestOutput``: its completions, in sample order, and metrics.
         ``since`` maps a sample index to the tokens and characters already read: each of
@@ -925,6 +934,7 @@ class OutputProcessor:
         return last if last in seq.params.stop_token_ids else None
 
 
+# %% chapters/11_engine.md § Text out
 def _request_id(request_id: str | None, engine: LLMEngine) -> str:
     """``request_id`` checked (a string that no request of ``engine`` not yet returned
     holds), or the next free id of its counter."""

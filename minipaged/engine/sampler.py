@@ -11,6 +11,8 @@ import torch
 from minipaged.engine.scheduler import SamplingParams, Sequence
 
 __all__ = ["make_generator", "sample", "Sampler", "top_logprobs"]
+
+
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A private random stream for one sequence (``None``: share the global one)."""
     if seed is None:
@@ -20,6 +22,7 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return generator
 
 
+# %% chapters/11_engine.md § Sampling
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
     """Pick one token per row of ``logits [B, V]`` under each row's ``SamplingParams``.
@@ -63,6 +66,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
+# %% chapters/11_engine.md § Sampling
 class Sampler:
     """The engine's sampling part: one token per row, and a private random stream per
     sequence of a seeded request (seed ``seed + sample_index``), so that its tokens

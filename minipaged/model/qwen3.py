@@ -33,6 +33,8 @@ from minipaged.memory.block_table import blocks_needed, pad_block_tables, slots_
 from minipaged.kernels.decode_attention import DECODE_ATTENTION, TorchDecodePlan
 from minipaged.kernels.kv_cache import PagedKVCache
 
+
+# %% chapters/09_qwen3.md § Configurations and weights
 __all__ = [
     "UnsupportedConfigError",
     "HubUnavailableError",
