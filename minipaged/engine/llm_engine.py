@@ -32,20 +32,10 @@ from minipaged.engine.scheduler import (PromptTooLongError, SamplingParams, Sche
 from minipaged.memory.sizing import block_bytes, blocks_in_budget, kv_bytes_per_token
 
 __all__ = [
-    "CompletionOutput",
-    "RequestOutput",
-    "BeamSearchOutput",
-    "RunStats",
-    "EngineError",
-    "InvalidRequestError",
-    "CacheFormat",
-    "MODEL_DTYPE_CACHE",
-    "resolve_attention_backend",
-    "StepLoop",
-    "EngineParts",
-    "LLMEngine",
-    "EngineBusyError",
-    "OutputProcessor",
+    "CompletionOutput", "RequestOutput", "BeamSearchOutput", "RunStats", "EngineError",
+    "InvalidRequestError", "CacheFormat", "MODEL_DTYPE_CACHE",
+    "resolve_attention_backend", "StepLoop", "EngineParts", "LLMEngine",
+    "EngineBusyError", "OutputProcessor",
 ]
 
 

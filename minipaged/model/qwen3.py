@@ -33,41 +33,15 @@ from minipaged.memory.block_table import blocks_needed, pad_block_tables, slots_
 from minipaged.kernels.decode_attention import DECODE_ATTENTION, TorchDecodePlan
 from minipaged.kernels.kv_cache import PagedKVCache
 
-
-# %% chapters/09_qwen3.md § Configurations and weights
 __all__ = [
-    "UnsupportedConfigError",
-    "HubUnavailableError",
-    "tiny_qwen3_config",
-    "qwen3_0_6b_config",
-    "random_qwen3",
-    "load_hub_qwen3",
-    "RMSNorm",
-    "has_qk_norm",
-    "SUPPORTED_MODEL_TYPES",
-    "rope_inv_freq",
-    "rope_cos_sin",
-    "apply_rope",
-    "ForwardBatch",
-    "prefill_attention",
-    "paged_decode",
-    "Qwen3PagedAttention",
-    "Qwen3PagedMLP",
-    "Qwen3PagedLayer",
-    "Qwen3PagedModel",
-    "reference_greedy",
-    "ATTENTION_TOLERANCE",
-    "LOGITS_TOLERANCE",
-    "attention_parity",
-    "GreedyTrace",
-    "greedy_generate",
-    "tiny_llama_config",
-    "random_llama",
-    "REAL_MODEL_ID",
-    "REAL_MODEL_INSTALL",
-    "real_model_file",
-    "real_model_available",
-    "load_model",
+    "UnsupportedConfigError", "HubUnavailableError", "tiny_qwen3_config",
+    "qwen3_0_6b_config", "random_qwen3", "load_hub_qwen3", "RMSNorm", "has_qk_norm",
+    "SUPPORTED_MODEL_TYPES", "rope_inv_freq", "rope_cos_sin", "apply_rope",
+    "ForwardBatch", "prefill_attention", "paged_decode", "Qwen3PagedAttention",
+    "Qwen3PagedMLP", "Qwen3PagedLayer", "Qwen3PagedModel", "reference_greedy",
+    "ATTENTION_TOLERANCE", "LOGITS_TOLERANCE", "attention_parity", "GreedyTrace",
+    "greedy_generate", "tiny_llama_config", "random_llama", "REAL_MODEL_ID",
+    "REAL_MODEL_INSTALL", "real_model_file", "real_model_available", "load_model",
 ]
 
 
