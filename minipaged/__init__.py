@@ -215,6 +215,7 @@ _ELSEWHERE = {
     "silu_mul_reference": "kernels.fused_ops",
     "silu_mul": "kernels.fused_ops",
     "sample_fused": "kernels.fused_ops",
+    "kernel_times": "book.kernel_timing",
     "qk_norm_rope_reference": "model.fast_qwen3",
     "fuse_linears": "model.fast_qwen3",
     "fused_weight_bytes": "model.fast_qwen3",
