@@ -78,11 +78,10 @@ _ELSEWHERE = {
     "TraceRequest": "book.fragmentation",
     "WorkloadSpec": "book.fragmentation",
     "WORKLOADS": "book.fragmentation",
-    "TraceFormatError": "book.fragmentation",
     "clipped_lognormal_mean": "book.fragmentation",
     "fit_lognormal_mu": "book.fragmentation",
     "generate_workload": "book.fragmentation",
-    "read_trace_csv": "book.fragmentation",
+    "poisson_arrivals": "book.fragmentation",
     "POLICIES": "book.fragmentation",
     "reservation_tokens": "book.fragmentation",
     "FirstFitAllocator": "book.fragmentation",
@@ -269,6 +268,8 @@ _ELSEWHERE = {
     "work_chunk": "kernels.balanced_decode",
     "plan_decode_work": "kernels.balanced_decode",
     "balanced_paged_attention": "kernels.balanced_decode",
+    "TraceFormatError": "book.trace",
+    "read_trace_csv": "book.trace",
 }
 
 
