@@ -36,7 +36,9 @@ def sliding_window_attention(query: torch.Tensor, cache: PagedKVCache, layer: in
     """Exercise 8.2: decode attention over each sequence's last ``window`` tokens only.
 
     Same arguments and result as ``minipaged.paged_attention`` (no split needed), plus
-    ``window``: sequence ``b`` attends to positions ``[max(0, L - window), L)``.
+    ``window``: sequence ``b`` attends to positions ``[max(0, L - window), L)``. The kernel
+    walks the tiles of ``window_tile_starts(L, window, TILE)``, called here by that name for
+    every sequence (the check swaps in wrong plans under the same name).
     """
     raise NotImplementedError("Exercise 8.2: write a Triton decode kernel for a sliding window "
                               "(edit exercises/ch08_paged_attention.py, "

@@ -14,10 +14,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
                               "(edit exercises/ch13_fast_engine.py, rms_norm)")
 
 
-def next_to_fuse(profile: dict) -> str:
-    """Exercise 13.2: the part of a decode step whose removal saves the most time."""
-    raise NotImplementedError("Exercise 13.2: return 'host' or a class name "
-                              "(edit exercises/ch13_fast_engine.py, next_to_fuse)")
+def fusion_predictions() -> dict:
+    """Exercise 13.2: your predictions from chapter 11's profile, made before reading on.
+
+    ``"GPU ms with free glue"``: a step's GPU time in ms if every glue and copy kernel cost
+    nothing (attention and the GEMMs unchanged); ``"step speed-up at most"``: how many times
+    faster a whole step (GPU time plus host time) would then be; ``"next"``: the part with
+    the most time above its floor after that, ``"attention"``, ``"GEMM"`` or ``"host"``.
+    """
+    raise NotImplementedError("Exercise 13.2: predict what fusing the glue can win "
+                              "(edit exercises/ch13_fast_engine.py, fusion_predictions)")
 
 
 def makespan(loads: list[int], slots: int) -> int:

@@ -78,11 +78,10 @@ _ELSEWHERE = {
     "TraceRequest": "book.fragmentation",
     "WorkloadSpec": "book.fragmentation",
     "WORKLOADS": "book.fragmentation",
-    "TraceFormatError": "book.fragmentation",
     "clipped_lognormal_mean": "book.fragmentation",
     "fit_lognormal_mu": "book.fragmentation",
     "generate_workload": "book.fragmentation",
-    "read_trace_csv": "book.fragmentation",
+    "poisson_arrivals": "book.fragmentation",
     "POLICIES": "book.fragmentation",
     "reservation_tokens": "book.fragmentation",
     "FirstFitAllocator": "book.fragmentation",
@@ -216,6 +215,7 @@ _ELSEWHERE = {
     "silu_mul_reference": "kernels.fused_ops",
     "silu_mul": "kernels.fused_ops",
     "sample_fused": "kernels.fused_ops",
+    "kernel_times": "book.kernel_timing",
     "qk_norm_rope_reference": "model.fast_qwen3",
     "fuse_linears": "model.fast_qwen3",
     "fused_weight_bytes": "model.fast_qwen3",
@@ -269,6 +269,8 @@ _ELSEWHERE = {
     "work_chunk": "kernels.balanced_decode",
     "plan_decode_work": "kernels.balanced_decode",
     "balanced_paged_attention": "kernels.balanced_decode",
+    "TraceFormatError": "book.trace",
+    "read_trace_csv": "book.trace",
 }
 
 

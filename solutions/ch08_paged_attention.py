@@ -22,8 +22,9 @@ def window_tile_starts(length: int, window: int, tile: int) -> list[int]:
 
 
 @triton.jit
-def _window_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log2, group,
-                   window, stride_qb, stride_qh, stride_ob, stride_oh, stride_table,
+def _window_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, first_ptr, count_ptr, out_ptr,
+                   scale_log2, group, window, stride_qb, stride_qh, stride_ob, stride_oh,
+                   stride_table,
                    stride_block, stride_token, stride_head,
                    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
@@ -44,7 +45,9 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale_log
     m = tl.full([GROUP_PAD], -float("inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
-    for tile_start in range(lo - lo % TILE, length, TILE):   # aligned: a tile stays in a block
+    first = tl.load(first_ptr + b)                      # the plan's tiles, made on the host
+    for i in range(0, tl.load(count_ptr + b)):
+        tile_start = first + i * TILE                   # aligned: a tile stays in a block
         positions = tile_start + tokens
         valid = (positions >= lo) & (positions < length)
         if BLOCK_SIZE % TILE == 0:
@@ -78,11 +81,16 @@ def sliding_window_attention(query: torch.Tensor, cache: PagedKVCache, layer: in
     out = torch.empty_like(query)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     stride_block, stride_token, stride_head = cache.strides()
+    tile = 16 if query.device.type != "cuda" else 64
+    plans = [window_tile_starts(n, window, tile) for n in seq_lens.tolist()]
+    first = torch.tensor([p[0] if p else 0 for p in plans], dtype=torch.int32)
+    count = torch.tensor([len(p) for p in plans], dtype=torch.int32)
     _window_kernel[(batch, cache.num_kv_heads)](
-        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens, out,
+        query, cache.key_cache(layer), cache.value_cache(layer), block_tables, seq_lens,
+        first.to(query.device), count.to(query.device), out,
         scale * 1.4426950408889634, group, window, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0), stride_block, stride_token,
         stride_head, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=cache.block_size,
-        TILE=16 if query.device.type != "cuda" else 64)
+        TILE=tile)
     return out

@@ -1,4 +1,5 @@
-"""Chapter 2: workloads, the first-fit allocator, the simulator's invariants, and the command line."""
+"""Chapter 2: workloads, the first-fit allocator, the simulator's invariants; and the appendix's
+trace reader and command line (minipaged.book.trace)."""
 
 import json
 import subprocess
@@ -10,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.book.fragmentation import (POLICIES, WORKLOADS, FirstFitAllocator, TraceFormatError,
-                                          TraceRequest, clipped_lognormal_mean, fit_lognormal_mu,
-                                          generate_workload, read_trace_csv, reservation_tokens,
-                                          simulate)
+from minipaged.book.fragmentation import (POLICIES, WORKLOADS, FirstFitAllocator, TraceRequest,
+                                          clipped_lognormal_mean, fit_lognormal_mu,
+                                          generate_workload, reservation_tokens, simulate)
+from minipaged.book.trace import TraceFormatError, read_trace_csv
 
 STATES = ("token_states", "reservation", "internal", "external", "headroom", "blocked", "free")
 
@@ -160,7 +161,7 @@ WRITER = textwrap.dedent("""
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "minipaged.book.fragmentation", *args],
+    return subprocess.run([sys.executable, "-m", "minipaged.book.trace", *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -203,6 +203,7 @@ def attention_inputs(model, token_ids: list[int]) -> list[tuple[torch.Tensor, ..
             for i in range(model.config.num_hidden_layers)]
 
 
+# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax attention of every position, q [T, Hq, D] over k, v [T, Hkv, D]."""
     group = q.shape[1] // k.shape[1]

@@ -54,6 +54,26 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _stop_token_ids(stop) -> tuple[int, ...]:
+    """``stop_token_ids`` as a tuple of ints, or a ``ValueError``."""
+    if isinstance(stop, (str, bytes)) or not hasattr(stop, "__iter__") or not all(
+            _is_int(t) for t in stop):
+        raise ValueError("stop_token_ids must be a sequence of integers (token ids), "
+                         f"got {stop!r}")
+    return tuple(operator.index(t) for t in stop)
+
+
+def _stop_strings(stop) -> tuple[str, ...]:
+    """``stop`` (a string or strings) as a tuple of distinct non-empty strings."""
+    words = (stop,) if isinstance(stop, str) else stop
+    if (not hasattr(words, "__iter__") or isinstance(words, bytes)
+            or not all(isinstance(w, str) and w for w in words)):
+        raise ValueError("stop must be a string or a list of non-empty strings, got "
+                         f"{stop!r}")
+    return tuple(dict.fromkeys(words))
+
+
+# %% chapters/10_scheduler.md § Requests and sequences
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into tokens, and when to stop (vLLM's names).
@@ -96,18 +116,8 @@ class SamplingParams:
             if not _is_int(self.seed):
                 raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
             object.__setattr__(self, "seed", operator.index(self.seed))
-        stop = self.stop_token_ids
-        if isinstance(stop, (str, bytes)) or not hasattr(stop, "__iter__") or not all(
-                _is_int(t) for t in stop):
-            raise ValueError("stop_token_ids must be a sequence of integers (token ids), "
-                             f"got {stop!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(operator.index(t) for t in stop))
-        words = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if (not hasattr(words, "__iter__") or isinstance(words, bytes)
-                or not all(isinstance(w, str) and w for w in words)):
-            raise ValueError("stop must be a string or a list of non-empty strings, got "
-                             f"{self.stop!r}")
-        object.__setattr__(self, "stop", tuple(dict.fromkeys(words)))
+        object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
         if self.logprobs is not None and (not _is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], "
@@ -315,6 +325,7 @@ class Scheduler:
         self._length_limit = min(self.config.max_model_len,
                                  self._usable_blocks * self.block_size)
 
+    # %% chapters/10_scheduler.md § Requests in and out
     def check_prompt(self, num_prompt_tokens: int) -> None:
         """Raise ``PromptTooLongError`` if a prompt this long can never be served."""
         limit, n = self.config.max_model_len, num_prompt_tokens
@@ -322,15 +333,14 @@ class Scheduler:
             raise PromptTooLongError("empty prompt: give at least one token")
         if n >= limit:
             raise PromptTooLongError(
-                f"prompt of {n} tokens does not fit max_model_len={limit} (it needs "
-                "room for at least one new token): shorten the prompt or raise "
-                "max_model_len")
+                f"prompt of {n} tokens does not fit max_model_len={limit} (it needs room "
+                + "for at least one new token): shorten the prompt or raise max_model_len")
         blocks = blocks_needed(n + 1, self.block_size)
         if blocks > self._usable_blocks:
             raise PromptTooLongError(
                 f"prompt of {n} tokens needs {blocks} KV blocks but the cache has "
-                f"{self._usable_blocks}: give it more blocks (num_blocks) or shorten "
-                "the prompt")
+                + f"{self._usable_blocks}: give it more blocks (num_blocks) or shorten "
+                + "the prompt")
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence, or raise (queueing nothing) if it can never run."""

@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 
+# %% chapters/08_paged_attention.md § The math, and the reference
 class PagedAttentionError(ValueError):
     """Arguments of paged_attention that do not fit each other or the cache."""
 

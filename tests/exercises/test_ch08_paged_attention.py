@@ -1,6 +1,7 @@
 """Checks for the chapter 8 exercises (exercises/ch08_paged_attention.py)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -127,16 +128,23 @@ def window_case(block_size, seed):
             torch.tensor(lengths, dtype=torch.int32).to(DEVICE))
 
 
-def window_reference(query, cache, tables, lens, lo_of):
+def positions_reference(query, cache, tables, lens, positions_of):
+    """Attention of each sequence over the positions ``positions_of(n)`` (none: zeros)."""
     out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
     for b in range(query.shape[0]):
         n = int(lens[b])
+        keep = list(positions_of(n))
+        if not keep:
+            continue
         k, v = cache.gather(0, tables[b, :blocks_needed(n, cache.block_size)], n)
-        lo = lo_of(n)
-        k, v = (x[lo:].float().repeat_interleave(2, dim=1) for x in (k, v))
+        k, v = (x[keep].float().repeat_interleave(2, dim=1) for x in (k, v))
         p = (torch.einsum("hd,thd->ht", query[b].float(), k) / math.sqrt(32)).softmax(-1)
         out[b] = torch.einsum("ht,thd->hd", p, v)
     return out
+
+
+def window_reference(query, cache, tables, lens, lo_of):
+    return positions_reference(query, cache, tables, lens, lambda n: range(lo_of(n), n))
 
 
 def check_window(fn):
@@ -164,6 +172,95 @@ def planted(lo_of):
     def fn(query, cache, layer, tables, lens, window):
         return window_reference(query, cache, tables, lens, lambda n: lo_of(n, window)).half()
     return fn
+
+
+# The kernel must walk the plan it is graded on: with wrong plans put in the place of
+# window_tile_starts (the module attribute the answer calls), a plan without a sequence's first or
+# last tile must change the answer. A kernel that computes its own tiles passes check_window and
+# fails this check; with the plan graded by check_tile_plan, a kernel that passes both never
+# loads a tile wholly before the window.
+
+def check_kernel_walks_the_plan(fn, plans):
+    real = plans.window_tile_starts
+    calls = []
+    window = 33
+    query, cache, tables, lens = window_case(16, seed=7)
+    ref = window_reference(query, cache, tables, lens, lambda n: max(0, n - window))
+
+    def run(plan):
+        plans.window_tile_starts = plan
+        out = fn(query, cache, 0, tables, lens, window).float()
+        return ((out - ref).norm() / ref.norm()).item()
+
+    try:
+        run(lambda n, w, t: calls.append((n, w)) or real(n, w, t))
+        missing = {(n, window) for n in lens.tolist()} - set(calls)
+        assert not missing, ("call window_tile_starts(L, window, TILE) for every sequence; "
+                             f"not called for (L, window) in {sorted(missing)}")
+        for name, plan in (("without its first tile", lambda n, w, t: real(n, w, t)[1:]),
+                           ("without its last tile", lambda n, w, t: real(n, w, t)[:-1])):
+            assert not run(plan) < 1e-2, (
+                f"with each sequence's plan {name}, the answer stays right: the kernel "
+                "does not walk the tiles of window_tile_starts")
+    finally:
+        plans.window_tile_starts = real
+
+
+def test_8_2_the_kernel_walks_the_plan():
+    check_kernel_walks_the_plan(ex.sliding_window_attention, ex)
+
+
+def _right_plan(length, window, tile):
+    lo = max(0, length - window)
+    return list(range(lo - lo % tile, length, tile))
+
+
+def plan_walker(masked=True, tile=16):
+    """An answer in torch that attends over the tiles of ``window_tile_starts`` (looked up
+    in its namespace at each call, as an answer's module does), masked to the window."""
+    plans = SimpleNamespace(window_tile_starts=_right_plan)
+
+    def fn(query, cache, layer, tables, lens, window):
+        def positions(n):
+            starts = plans.window_tile_starts(n, window, tile)
+            covered = sorted({p for s in starts for p in range(s, min(s + tile, n))})
+            return [p for p in covered if p >= max(0, n - window) or not masked]
+        return positions_reference(query, cache, tables, lens, positions).half()
+
+    return fn, plans
+
+
+@pytest.mark.grader
+def test_8_2_the_plan_walk_check_passes_a_correct_answer():
+    check_window(plan_walker()[0])
+    check_kernel_walks_the_plan(*plan_walker())
+
+
+@pytest.mark.grader
+def test_8_2_the_window_check_rejects_a_walker_without_the_lower_mask():
+    with pytest.raises(AssertionError):
+        check_window(plan_walker(masked=False)[0])
+
+
+def _ignores_the_plan():
+    """Calls the plan, then attends over the window it computes itself."""
+    plans = SimpleNamespace(window_tile_starts=_right_plan)
+
+    def fn(query, cache, layer, tables, lens, window):
+        for n in lens.tolist():
+            plans.window_tile_starts(n, window, 16)
+        return window_reference(query, cache, tables, lens, lambda n: max(0, n - window)).half()
+
+    return fn, plans
+
+
+@pytest.mark.parametrize("answer", [_ignores_the_plan, lambda: (plan_walker()[0], SimpleNamespace(
+                                        window_tile_starts=_right_plan))])
+@pytest.mark.grader
+def test_8_2_the_plan_walk_check_rejects_planted_bugs(answer):
+    """Tiles of its own after calling the plan; a plan that is not the module's."""
+    with pytest.raises(AssertionError):
+        check_kernel_walks_the_plan(*answer())
 
 
 @pytest.mark.parametrize("bug", [

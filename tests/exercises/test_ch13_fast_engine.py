@@ -1,5 +1,7 @@
 """Checks for the chapter 13 exercises (exercises/ch13_fast_engine.py)."""
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 from minipaged.kernels.fused_ops import add_rms_norm_reference  # before triton: the interpreter switch
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from minipaged.runtime import results_path  # noqa: E402
 from tests.exercises.answers import load
 
 ex = load("ch13_fast_engine")
@@ -85,30 +88,65 @@ def test_13_1_a_padded_mean_hides_at_power_of_two_sizes():
     grade_rms_norm(planted(1), sizes=((2, 64), (3, 16)))    # why the grader uses odd sizes
 
 
-# -- 13.2: what to fuse next --------------------------------------------------------------------
+# -- 13.2: predictions of what fusion can win, against the recorded profile of chapter 11 -------
 
-def profile(host, **classes):
-    rows = []
-    for name, value in classes.items():
-        us, floor = value if isinstance(value, tuple) else (value, None)
-        row = {"class": name, "kernels_per_step": 10, "gpu_us_per_step": us}
-        if floor is not None:
-            row["floor_us_per_step"] = floor
-        rows.append(row)
-    return {"classes": rows, "host_us_per_step": host}
+def fusion_truth():
+    """The three answers of exercise 13.2, from the record the chapter's table shows."""
+    window = json.loads(results_path("engine_profile_h200.json").read_text())["window"]
+    rows = {row["class"]: row for row in window["classes"]}
+    total, host = window["gpu_us_per_step"], window["host_us_per_step"]
+    free = total - rows["glue"]["gpu_us_per_step"] - rows["copies"]["gpu_us_per_step"]
+    above = {name: rows[name]["gpu_us_per_step"] - rows[name]["floor_us_per_step"]
+             for name in ("attention", "GEMM")}
+    above["host"] = host
+    return {"GPU ms with free glue": free / 1e3,
+            "step speed-up at most": (total + host) / (free + host),
+            "next": max(above, key=above.get)}
 
 
-def test_13_2_next_to_fuse():
-    # attention takes the most time but sits on its floor: the glue is worth more
-    assert ex.next_to_fuse(profile(500, attention=(5000, 4900), GEMM=(900, 800), glue=2000,
-                                   copies=300, other=100)) == "glue"
-    # the host time is paid while the GPU waits
-    assert ex.next_to_fuse(profile(2600, attention=(5000, 4900), GEMM=(900, 800), glue=2000,
-                                   copies=300, other=100)) == "host"
-    # far above its floor, attention is the target
-    assert ex.next_to_fuse(profile(100, attention=(9000, 3000), GEMM=(900, 800), glue=2000,
-                                   copies=300, other=100)) == "attention"
-    assert ex.next_to_fuse(profile(10, attention=(100, 90), GEMM=(3000, 500), glue=20)) == "GEMM"
+def check_fusion_predictions(predicted):
+    truth = fusion_truth()
+    assert set(predicted) == set(truth), f"predict exactly these: {sorted(truth)}"
+    assert predicted["next"] == truth["next"], (
+        f"next: you predicted {predicted['next']!r}; compare each part's time above its floor, "
+        "the host's included")
+    for name in ("GPU ms with free glue", "step speed-up at most"):
+        got, value = predicted[name], truth[name]
+        assert got is not None and abs(got - value) <= 0.05 * value, (
+            f"{name}: you predicted {got}, the profile gives {value:.3g}")
+
+
+def test_13_2_fusion_predictions():
+    check_fusion_predictions(ex.fusion_predictions())
+
+
+@pytest.mark.grader
+def test_13_2_the_check_accepts_right_predictions():
+    check_fusion_predictions(fusion_truth())
+
+
+def _wrong_13_2():
+    """Predictions with one usual mistake each, computed from the same record."""
+    window = json.loads(results_path("engine_profile_h200.json").read_text())["window"]
+    rows = {row["class"]: row for row in window["classes"]}
+    total = window["gpu_us_per_step"]
+    truth = fusion_truth()
+    only_glue = total - rows["glue"]["gpu_us_per_step"]
+    return {
+        "copies kept": {"GPU ms with free glue": only_glue / 1e3},
+        "host left out of the step":
+            {"step speed-up at most": total / (1e3 * truth["GPU ms with free glue"])},
+        "host forgotten": {"next": "GEMM"},
+        "floors ignored": {"next": "attention"},
+    }
+
+
+@pytest.mark.parametrize("mistake", ["copies kept", "host left out of the step", "host forgotten",
+                                     "floors ignored"])
+@pytest.mark.grader
+def test_13_2_the_check_rejects_wrong_predictions(mistake):
+    with pytest.raises(AssertionError):
+        check_fusion_predictions({**fusion_truth(), **_wrong_13_2()[mistake]})
 
 
 # -- 13.3: how long a batch of programs keeps the card busy ---------------------------------------
