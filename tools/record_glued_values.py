@@ -70,8 +70,12 @@ def glued_values(notebook) -> dict[str, str]:
 
 
 def record(chapter: Path, values: dict[str, str], device_name: str, date: str, how: str) -> Path:
+    """Write the record of ``chapter`` (none where it glues nothing)."""
     RECORDS.mkdir(parents=True, exist_ok=True)
     path = RECORDS / f"{chapter.stem}.json"
+    if not values:
+        path.unlink(missing_ok=True)
+        return path
     path.write_text(json.dumps({
         "chapter": f"chapters/{chapter.name}",
         "device": device_name,
