@@ -6,8 +6,8 @@ const path = require("path");
 const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
 // The introduction and every chapter page: chapters after 0 (the appendices, 90 on, apart) must
-// show a figure, exercises with (hidden) solutions, and a Colab button to their notebook twin;
-// math must render without errors;
+// show a figure drawn by a cell (in its output, or pasted by {glue:figure}), exercises with (hidden)
+// solutions, and a Colab button to their notebook twin; math must render without errors;
 // no code block, output, equation or other element may be wider than the column, no rendered math
 // may show a literal backslash, every figure has a caption, and every "chapter N" in the prose is
 // a link. BOOK_PAGES (a comma-separated list of page stems) checks only those pages.

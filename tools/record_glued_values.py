@@ -145,7 +145,8 @@ def main() -> int:
                 print(f"{chapter.stem}: not recorded: {values}", file=sys.stderr)
                 failed += 1
                 continue
-            path = record(chapter, values, here, date, "the book's execution (make book)")
+            path = record(chapter, values, here, date,
+                          "make book's execution, read by tools/record_glued_values.py --from-book")
             print(f"{chapter.stem}: {len(values)} values -> {path.relative_to(ROOT)}")
         return 1 if failed else 0
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
@@ -157,7 +158,7 @@ def main() -> int:
                       file=sys.stderr)
                 failed += 1
                 continue
-            path = record(chapter, values, here, today, "tools/record_glued_values.py")
+            path = record(chapter, values, here, today, "executed by tools/record_glued_values.py")
             print(f"{chapter.stem}: {len(values)} values in {seconds:.0f} s -> "
                   f"{path.relative_to(ROOT)}", flush=True)
     return 1 if failed else 0
