@@ -15,7 +15,7 @@ CHAPTERS ?=
 CH ?=
 
 .PHONY: help book test export check-sync test-unit test-chapters test-exercises check-exercises \
-        gpu-test gpu-status browser-check clean
+        gpu-test gpu-status browser-check twin-screenshot clean
 
 help:
 	@echo "make book             build the book (every chapter executed); prints where index.html is"
@@ -32,6 +32,8 @@ help:
 	@echo "make gpu-status       which chapters changed since their last green GPU run"
 	@echo "                      (RECORD=gpu-out/gpu_run_<date>.json folds a run into the ledger first)"
 	@echo "make browser-check    build the book and check pages in headless Chromium"
+	@echo "make twin-screenshot  _static/colab_twin_rendered.png: a Colab twin rendered (nbconvert, Chromium)"
+	@echo "                      (TWIN=notebooks/11_engine.ipynb for another)"
 	@echo "make clean            remove _build, gpu-out and .pytest_cache"
 	@echo "make help             this list"
 
@@ -79,6 +81,10 @@ gpu-status:
 
 browser-check: book
 	bash tools/browser_check.sh
+
+TWIN ?= notebooks/03_block_tables.ipynb
+twin-screenshot: $(STAMP)
+	PY=$(PY) bash tools/twin_screenshot.sh $(TWIN) _static/colab_twin_rendered.png
 
 clean:
 	rm -rf _build gpu-out .pytest_cache

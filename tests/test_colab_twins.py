@@ -9,9 +9,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from colab_twin import BookContext, colab_url  # noqa: E402
+from colab_twin import BookContext, colab_url, format_glued  # noqa: E402
 
 TWINS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
+GLUE_TEXT = re.compile(r"\{glue:text\}`([^`]*)`")
 ROLE = re.compile(r"\{[A-Za-z][\w:.-]*\}`")  # a role's name starts with a letter: `{1}` is code
 FENCE = re.compile(r"^\s*(`{3,}|:{3,})\{[\w:.-]+\}", re.M)
 TARGET = re.compile(r"^\([\w.:-]+\)=\s*$", re.M)
@@ -89,3 +91,47 @@ def test_a_glued_figure_keeps_its_caption_and_glued_numbers_are_explained():
         chapter = (ROOT / "chapters" / f"{twin.stem}.md").read_text()
         if "{glue:text}" in chapter:
             assert "*About the numbers:*" in markdown_of(twin).split("\n\n")[0], twin.name
+
+
+def test_glued_values_are_filled_in_formatted_as_myst_nb_formats_them():
+    book = context()
+    book.glued = {"rate": "12.345", "tokens": "1234567", "share": "0.4251", "model": "'Qwen3_0.6B'",
+                  "steps": "7"}
+    line = book.markdown("{glue:text}`rate:.1f` GB/s, {glue:text}`tokens:,` tokens, "
+                         "{glue:text}`share:.0%`, {glue:text}`model`, {glue:text}`steps:d` "
+                         "and {glue:text}`lost:.2f`")
+    assert line == r"12.3 GB/s, 1,234,567 tokens, 43%, Qwen3\_0.6B, 7 and ⟨`lost`⟩"
+    assert book.placeholders == {"lost"}
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("12.345", ".1f"), ("1234567", ","), ("0.4251", ".0%"), ("'a b'", "s"), ("7", "d"),
+    ("3.0", ".3g"), ("12", ".2f"), ("2.5e-05", ".1e"), ("True", "s"), ("[1, 2]", "s"), ("x y", "s"),
+])
+def test_format_glued_is_myst_nb_format_plain_text(text, spec):
+    myst_nb = pytest.importorskip("myst_nb.core.variables")
+    assert format_glued(text, spec) == myst_nb.format_plain_text(text, spec)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.stem)
+def test_every_glued_name_in_the_prose_has_a_recorded_value(chapter):
+    """A chapter that glues a new name, or renames one, needs its record made again:
+    `python tools/record_glued_values.py NN` (or `--from-book NN` after `make book`)."""
+    prose = re.sub(r"```\{code-cell\}.*?```", "", chapter.read_text(), flags=re.S)
+    used = GLUE_TEXT.findall(prose)
+    if not used:
+        return
+    path = ROOT / "notebooks" / "glued" / f"{chapter.stem}.json"
+    assert path.exists(), f"{chapter.name} glues numbers into its prose but {path.name} is missing"
+    record = json.loads(path.read_text())
+    assert record["chapter"] == f"chapters/{chapter.name}" and record["device"] and record["date"]
+    values = record["values"]
+    for content in used:
+        name, spec = content.rsplit(":", 1) if ":" in content else (content, "s")
+        assert name in values, (
+            f"{chapter.name} uses {{glue:text}} `{name}`, which {path.name} has no value for; "
+            f"record the chapter again: python tools/record_glued_values.py {chapter.name[:2]}")
+        format_glued(values[name], spec)  # the format spec applies to the recorded value
+    twin = markdown_of(ROOT / "notebooks" / f"{chapter.stem}.ipynb")
+    assert "⟨`" not in twin, "a placeholder left where a value is recorded"
+    assert f"device: {record['device']}; date: {record['date']}" in twin.split("\n\n")[0]

@@ -6,8 +6,8 @@ const path = require("path");
 const BASE = process.env.BASE;
 const MATHJAX_DIR = process.env.MATHJAX_DIR;
 // The introduction and every chapter page: chapters after 0 (the appendices, 90 on, apart) must
-// show a figure, exercises with (hidden) solutions, and a Colab button to their notebook twin;
-// math must render without errors;
+// show a figure drawn by a cell (in its output, or pasted by {glue:figure}), exercises with (hidden)
+// solutions, and a Colab button to their notebook twin; math must render without errors;
 // no code block, output, equation or other element may be wider than the column, no rendered math
 // may show a literal backslash, every figure has a caption, and every "chapter N" in the prose is
 // a link. BOOK_PAGES (a comma-separated list of page stems) checks only those pages.
@@ -48,12 +48,17 @@ const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL
     // Any page with math: measure it after MathJax has typeset it.
     await page.evaluate(() => window.MathJax && window.MathJax.startup
       && window.MathJax.startup.promise).catch(() => {});
-    const seen = await page.evaluate(() => ({
+    const seen = await page.evaluate(() => {
+      // A figure a cell drew: its output, or a {glue:figure} pasted elsewhere on the page, whose
+      // image myst-nb names after the hash of its content (a static image keeps its own name).
+      const drawn = (img) => img.closest(".cell_output")
+        || /\/_images\/[0-9a-f]{64}\.(png|jpe?g|svg)$/.test(img.src);
+      return {
       title: document.title,
       math: document.querySelectorAll("mjx-container").length,
       mathErrors: document.querySelectorAll("mjx-merror").length,
       figures: [...document.querySelectorAll("img")].filter(
-        (i) => i.complete && i.naturalWidth > 0 && i.closest(".cell_output")).length,
+        (i) => i.complete && i.naturalWidth > 0 && drawn(i)).length,
       exercises: document.querySelectorAll(".exercise").length,
       solutions: document.querySelectorAll(".solution").length,
       colab: [...document.querySelectorAll("a")].map((a) => a.href)
@@ -92,7 +97,7 @@ const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL
             .some((t) => t.textContent.includes("\\")))
         .map((m) => (m.querySelector("mjx-assistive-mml") || m).textContent.trim().slice(0, 60)),
       // Every figure a cell draws has a number and a caption.
-      uncaptioned: [...document.querySelectorAll("article .cell_output img")]
+      uncaptioned: [...document.querySelectorAll("article img")].filter(drawn)
         .filter((img) => !(img.closest("figure") && img.closest("figure").querySelector("figcaption")))
         .length,
       // "chapter N" in the prose is a link.
@@ -107,7 +112,8 @@ const PAGES = ONLY.length ? ALL_PAGES.filter((p) => ONLY.includes(p.name)) : ALL
         }
         return found;
       })(),
-    }));
+      };
+    });
     await page.screenshot({ path: `screenshots/${spec.name}.png`, fullPage: false });
     const problems = [];
     if (spec.math && (seen.math === 0 || seen.mathErrors > 0)) problems.push("math not rendered");

@@ -3,13 +3,14 @@
 Colab shows CommonMark with ``$math$``; it knows nothing of MyST's roles, directives and targets.
 ``BookContext.markdown(source)`` rewrites one Markdown cell:
 
-- ``{glue:text}`name:fmt``` becomes ``⟨`name`⟩``. The book fills these in from the executed
-  chapter, but a twin has no recorded values (its outputs are stripped, and the execution cache is
-  not part of the repository), and the values of a live Colab run are not those of the book's run.
-  Nor can the twin show them itself: ``minipaged.runtime.glue`` displays nothing where myst-nb is
-  missing, and myst-nb's own ``glue`` only emits a MIME type Colab does not render. So the placeholder
-  names the value, and a note at the top of the twin says that the code cell calling
-  ``glue("name", ...)`` computes it. That is always true, and never shows a stale number.
+- ``{glue:text}`name:fmt``` becomes the value of the book's own run of the chapter, formatted as
+  ``fmt`` asks, exactly as myst-nb formats it. A twin's outputs are stripped and the execution cache
+  is not part of the repository, so the values come from a record, ``notebooks/glued/NN_name.json``
+  (``tools/record_glued_values.py`` writes it from an executed chapter: every glued value's
+  ``text/plain``, with the device and the date of the run). A note at the top of the twin says so,
+  and that running the cells computes the reader's own numbers (``glue`` returns the value it is
+  given; myst-nb's own ``glue`` only emits a MIME type Colab does not render). A name the record
+  lacks stays a placeholder, ``⟨`name`⟩``, and the note says what it stands for.
 - ``{cite}`key``` becomes a link to the entry's URL (or DOI) in ``references.bib``, author-year.
 - ``{numref}`` and ``{ref}`` become the target's own words: a figure's caption, a section's title,
   an exercise's number, or the text the role gives.
@@ -23,17 +24,57 @@ Colab shows CommonMark with ``$math$``; it knows nothing of MyST's roles, direct
 from __future__ import annotations
 
 import re
+from ast import literal_eval
 from dataclasses import dataclass, field
 from pathlib import Path
 
 COLAB = "https://colab.research.google.com/github"
 
-GLUE_NOTE = (
-    "*About the numbers:* in the book, the numbers in the text are filled in by the code. In this "
-    "notebook a name in angle brackets, like ⟨`name`⟩, stands for such a number: the code cell "
-    "that calls `glue(\"name\", value)` computes it when it runs; `glue` returns the value it is "
-    "given, so wrap that call in `print(...)` to see it."
+GLUE_PLACEHOLDER_NOTE = (
+    "A name in angle brackets, like ⟨`name`⟩, stands for a number the recorded run did not "
+    "produce: the code cell that calls `glue(\"name\", value)` computes it."
 )
+
+
+def glue_note(record: dict | None, placeholders: bool) -> str:
+    """The note at the top of a twin whose prose shows glued numbers."""
+    if not record:
+        return ("*About the numbers:* in the book, the numbers in the text are filled in by the "
+                "code. " + GLUE_PLACEHOLDER_NOTE + " `glue` returns the value it is given, so "
+                "wrap that call in `print(...)` to see it.")
+    note = (f"*About the numbers:* the numbers in the text come from the book's own run of this "
+            f"chapter (device: {record.get('device', 'not recorded')}; "
+            f"date: {record.get('date', 'not recorded')}). Running the cells computes your own: "
+            "the code cell that calls `glue(\"name\", value)` computes the number called `name`, "
+            "and `glue` returns the value it is given, so wrap that call in `print(...)` to see "
+            "it. Timings differ from machine to machine, and on a GPU a chapter picks larger "
+            "sizes.")
+    return note + (" " + GLUE_PLACEHOLDER_NOTE if placeholders else "")
+
+
+def format_glued(text: str, fmt_spec: str) -> str:
+    """A glued value's ``text/plain`` formatted for ``{glue:text}`name:fmt_spec```, as myst-nb
+    does it (``myst_nb.core.variables.format_plain_text``)."""
+    try:
+        value = literal_eval(text)
+    except (SyntaxError, ValueError):
+        value = text
+    if fmt_spec == "":
+        return str(value)
+    type_char = fmt_spec[-1]
+    if type_char == "s":
+        value = str(value)
+    elif type_char in ("b", "c", "d", "o", "x", "X"):
+        value = int(value)
+    elif type_char in ("e", "E", "f", "F", "g", "G", "n", "%"):
+        value = float(value)
+    return format(value, fmt_spec)
+
+
+def _escaped(text: str) -> str:
+    """Plain text in Markdown: no emphasis, link, HTML, math or table cell starts in it."""
+    return re.sub(r"([\\`*_\[\]<>$|~])", r"\\\1", text)
+
 
 ROLE = re.compile(r"\{([\w:.-]+)\}`([^`]*)`")
 FENCE_OPEN = re.compile(r"^(?P<indent>\s*)(?P<mark>`{3,}|:{3,})\{(?P<name>[\w:.-]+)\}\s*(?P<args>.*)$")
@@ -94,6 +135,8 @@ class BookContext:
     references: dict[str, tuple[str, str]] = field(default_factory=dict)
     targets: dict[str, str] = field(default_factory=dict)  # label -> words for a reference to it
     substitutions: dict[str, str] = field(default_factory=dict)
+    glued: dict[str, str] = field(default_factory=dict)  # name -> text/plain, of this chapter's run
+    placeholders: set[str] = field(default_factory=set)  # names shown as ⟨`name`⟩: not recorded
 
     # ----------------------------------------------------------------- targets of the whole book
     def collect_targets(self, notebook) -> None:
@@ -205,7 +248,17 @@ class BookContext:
     def _role(self, match: re.Match) -> str:
         name, content = match[1], match[2]
         if name in ("glue:text", "glue", "glue:any", "glue:md"):
-            return f"⟨`{content.split(':', 1)[0].strip()}`⟩"
+            key, fmt_spec = content.rsplit(":", 1) if ":" in content else (content, "s")
+            if name != "glue:text":  # no format spec: the value as it was displayed
+                key, fmt_spec = content, ""
+            key = key.strip()
+            if key in self.glued:
+                try:
+                    return _escaped(format_glued(self.glued[key], fmt_spec))
+                except (ValueError, TypeError):
+                    pass
+            self.placeholders.add(key)
+            return f"⟨`{key}`⟩"
         if name in ("cite", "cite:p", "cite:t", "cite:ps", "cite:ts"):
             cited = []
             for key in (k.strip() for k in content.split(",")):

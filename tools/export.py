@@ -36,9 +36,10 @@ would in hand-written code.
 The same run writes ``notebooks/<chapter>.ipynb``, the Colab twin of the chapter: no outputs, a
 first cell that installs the package from the repository when (and only when) it runs on Colab,
 and Markdown that Colab can render (``tools/colab_twin.py``): no MyST roles or directives, glued
-numbers named rather than shown (a twin has no recorded values, and ``glue`` displays nothing
-outside the book; that module's docstring says why), citations linked, references resolved to
-captions and titles, solutions folded, chapter links pointing at the other twins.
+numbers filled in from the book's recorded run of the chapter (``notebooks/glued/NN_name.json``,
+written by ``tools/record_glued_values.py``; a note at the top gives its device and date), citations
+linked, references resolved to captions and titles, solutions folded, chapter links pointing at
+the other twins.
 
 ``python tools/export.py``          write everything
 ``python tools/export.py --check``  write nothing; exit 1 with a diff if anything is out of sync
@@ -49,7 +50,9 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import dataclasses
 import difflib
+import json
 import re
 import shutil
 import sys
@@ -60,12 +63,13 @@ import nbformat
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colab_twin import GLUE_NOTE, BookContext, bibliography  # noqa: E402
+from colab_twin import BookContext, bibliography, glue_note  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "minipaged"
 NOTEBOOKS = ROOT / "notebooks"
+GLUED = NOTEBOOKS / "glued"  # the glued values of a recorded run, per chapter
 EXPORT_TAG = "export"
 CONTINUE_DECORATOR = "add_to_class"
 CONSTRUCTORS = ("__new__", "__init__", "__post_init__")  # first in a class, whatever the cell order
@@ -414,11 +418,21 @@ def book_context(notebooks: list) -> BookContext:
     return context
 
 
-def colab_twin(notebook, url: str, branch: str, context: BookContext | None = None) -> str:
+def glued_record(stem: str) -> dict | None:
+    """The recorded glued values of chapter ``stem`` (tools/record_glued_values.py), if any."""
+    path = GLUED / f"{stem}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def colab_twin(notebook, url: str, branch: str, context: BookContext | None = None,
+               record: dict | None = None) -> str:
     """The Colab twin: outputs stripped, a set-up cell first, the Markdown rewritten for Colab
-    (see tools/colab_twin.py: glued numbers named, citations linked, solutions folded)."""
+    (see tools/colab_twin.py: glued numbers filled in from ``record``, citations linked,
+    solutions folded)."""
     twin = copy.deepcopy(notebook)
-    context = context or BookContext(url, branch)
+    context = dataclasses.replace(context or BookContext(url, branch),
+                                  glued=dict((record or {}).get("values") or {}),
+                                  placeholders=set())
     glued = False
     for cell in twin.cells:
         if cell.cell_type == "code":
@@ -432,7 +446,8 @@ def colab_twin(notebook, url: str, branch: str, context: BookContext | None = No
     setup_cell.metadata = {"tags": ["colab-setup"]}
     twin.cells.insert(0, setup_cell)
     if glued:
-        twin.cells.insert(0, nbformat.v4.new_markdown_cell(GLUE_NOTE))
+        twin.cells.insert(0, nbformat.v4.new_markdown_cell(
+            glue_note(record, placeholders=bool(context.placeholders))))
     for index, cell in enumerate(twin.cells):  # stable ids, so the sync check compares content only
         cell.id = f"cell-{index:03d}"
     twin.metadata.pop("jupytext", None)
@@ -594,7 +609,8 @@ def expected_files() -> dict[Path, str]:
                 )
         if not exported and (api or supersedes):
             raise SystemExit(f"{chapter.name}: lists `api:` or `supersedes:` but exports nothing")
-        files[NOTEBOOKS / f"{chapter.stem}.ipynb"] = colab_twin(notebook, url, branch, context)
+        files[NOTEBOOKS / f"{chapter.stem}.ipynb"] = colab_twin(notebook, url, branch, context,
+                                                                  glued_record(chapter.stem))
     files[PACKAGE / "__init__.py"] = package_init(modules)
     return files
 
