@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from minipaged.engine.llm_engine import completion_tail
 
-__all__ = ["SampleDelta", "RequestProgress", "EngineBridge"]
+__all__ = ["SampleDelta", "RequestProgress", "EngineBridge", "EngineStats", "engine_stats"]
 
 
 @dataclass
@@ -125,3 +125,27 @@ class EngineBridge:
                                out.metrics.get("num_cached_tokens", 0),
                                out.metrics if out.finished else None, tracked.num_prompt_tokens,
                                sum(counts), max(counts))
+
+
+# %% chapters/15_serving.md § From token ids to text, incrementally
+@dataclass
+class EngineStats:
+    """What the server's metrics read of the engine after a step (all plain numbers)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+def engine_stats(engine) -> EngineStats:
+    """The engine's queues, block-pool usage and counters, read between two steps."""
+    scheduler, manager = engine.scheduler, engine.manager
+    cache = getattr(manager, "stats", None)
+    return EngineStats(
+        len({s.request_id for s in scheduler.running}),
+        len({s.request_id for s in (*scheduler.waiting, *scheduler.swapped)}),
+        1 - manager.num_free_blocks / manager.num_physical_blocks,
+        engine.stats.preemptions, getattr(cache, "queries", 0), getattr(cache, "hits", 0))
