@@ -35,6 +35,7 @@ class EngineCoreError(RuntimeError):
     """The engine core process could not start."""
 
 
+# %% chapters/15_serving.md § The engine core in a process of its own
 def merge_progress(updates: list[RequestProgress]) -> RequestProgress:
     """Several steps' progress of one request as one: each sample's text, tokens and
     log-probabilities joined, the counters of the last step."""

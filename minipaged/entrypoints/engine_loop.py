@@ -141,6 +141,7 @@ class EngineLoop:
         return (self.max_waiting is not None
                 and self.num_waiting + self._inbox.qsize() >= self.max_waiting)
 
+    # %% chapters/15_serving.md § The engine loop
     async def submit(self, prompt_ids: list[int], params, *,
                      request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it, or raises what
