@@ -52,17 +52,19 @@ def build_llm(max_num_seqs: int, device_ms: float = 0.0):
     from minipaged.entrypoints.llm import LLM
     from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
     model = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)
+    llm = LLM(model, block_size=16, num_blocks=4096, max_num_seqs=max_num_seqs,
+              max_model_len=512)
     if device_ms:
-        compute = model.forward
+        paged = llm.llm_engine.model  # the model the engine's runner calls once a step
+        compute = paged.forward
 
         def forward(*args, **kwargs):
             out = compute(*args, **kwargs)
             time.sleep(device_ms / 1e3)
             return out
 
-        model.forward = forward
-    return LLM(model, block_size=16, num_blocks=4096, max_num_seqs=max_num_seqs,
-               max_model_len=512)
+        paged.forward = forward
+    return llm
 
 
 def prompts_of(n: int, seed: int = 0) -> list[list[int]]:

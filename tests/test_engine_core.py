@@ -137,3 +137,30 @@ def test_a_stream_that_fell_behind_gets_one_merged_update():
     assert (a.text, a.token_ids, a.finish_reason) == ("ab", [1, 2], "length")
     assert (b.text, b.token_ids, b.finish_reason) == ("xy", [7, 8], "stop")
     assert a.logprobs == [{1: -0.1}, {2: -0.4}]
+
+
+def test_a_sample_of_n_that_stops_early_reports_its_finish_at_once():
+    from minipaged.engine.scheduler import SamplingParams
+    from minipaged.entrypoints.engine_bridge import EngineBridge
+    from minipaged.entrypoints.llm import LLM
+    llm = LLM(tiny_model(_Words()), block_size=4, num_blocks=256, max_num_seqs=8)
+    bridge = EngineBridge(llm.llm_engine, None)
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=40,
+                            stop_token_ids=list(range(0, 120)))
+    bridge.add("r", [1, 2, 3, 4, 5], params)
+    ended, last_token, step, tokens = {}, {}, 0, {i: [] for i in range(4)}
+    while bridge.has_unfinished():
+        step += 1
+        for update in bridge.step():
+            for d in update.deltas:
+                assert d.index not in ended, "a sample got tokens or a finish after its end"
+                if d.token_ids:
+                    last_token[d.index] = step
+                    tokens[d.index] += d.token_ids
+                if d.finish_reason:
+                    ended[d.index] = (step, d.finish_reason)
+    assert sorted(ended) == [0, 1, 2, 3]
+    for i, (when, reason) in ended.items():
+        assert when == last_token[i], (i, when, last_token[i])  # with its last token
+        assert reason == ("stop" if len(tokens[i]) < 40 else "length")
+    assert len({when for when, _ in ended.values()}) > 1, "no sample ended before another"

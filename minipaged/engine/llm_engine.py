@@ -904,10 +904,12 @@ class OutputProcessor:
         stream pays for its new tokens each step, not for its whole length."""
         text = self.text(request, seq)
         tokens = [t for t in seq.output_token_ids[from_token:] if t >= 0]  # none on the GPU
+        arrived = min(seq.output_token_ids[-2:], default=0) >= 0  # its finish is known then
         index = seq.sample_index
         logprobs = request.logprobs.get(index, []) if request.params.logprobs is not None else None
         return CompletionOutput(
-            index, tokens, None if text is None else text.text[from_char:], seq.finish_reason,
+            index, tokens, None if text is None else text.text[from_char:],
+            seq.finish_reason if arrived else None,
             self.stop_reason(seq, seq.output_token_ids, text),
             request.cumulative_logprob.get(index),
             None if logprobs is None else logprobs[from_token:from_token + len(tokens)])

@@ -248,11 +248,15 @@ class EngineCoreClient:
 
     # %% chapters/15_serving.md § The engine core in a process of its own
     def _read_all(self) -> None:
-        try:
-            while True:
-                self._handle(*pickle.loads(self._from_core.recv_bytes()))
-        except (EOFError, OSError):  # the core closed its end: it stopped, or it died
-            pass
+        while True:
+            try:
+                message = pickle.loads(self._from_core.recv_bytes())
+            except (EOFError, OSError):  # the core closed its end: it stopped, or it died
+                break
+            try:
+                self._handle(*message)
+            except Exception as error:  # a bug of ours (an observer's?): say so, keep reading
+                self.last_error = f"{type(error).__name__}: {error}"
         self._gone()
 
     def _handle(self, kind: str, *body) -> None:

@@ -13,7 +13,7 @@ methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from minipaged.engine.llm_engine import completion_tail
 
@@ -55,6 +55,7 @@ class RequestProgress:
 class _Tracked:
     sent: dict  # sample index -> [tokens sent, characters sent]
     num_prompt_tokens: int
+    ended: set = field(default_factory=set)  # samples whose finish reason was sent
 
 
 # %% chapters/15_serving.md § From token ids to text, incrementally
@@ -113,7 +114,9 @@ class EngineBridge:
         deltas = []
         for c in out.outputs:
             text, new = c.text or "", c.token_ids
-            reason = c.finish_reason if out.finished else None  # every token has arrived
+            reason = None if c.index in tracked.ended else c.finish_reason
+            if reason is not None:  # its last token has arrived: this sample is done
+                tracked.ended.add(c.index)
             if text or new or reason:
                 deltas.append(SampleDelta(c.index, text, list(new), reason, c.logprobs))
             sent = tracked.sent[c.index]
