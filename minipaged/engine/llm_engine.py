@@ -579,6 +579,23 @@ class LLMEngine:
         output = self.output_processor.output(self.requests[request_id], since)
         return replace(output, finished=False)
 
+    # %% chapters/11_engine.md § Text out
+    @exclusive
+    def request_outputs(self, since: dict[str, dict]) -> list[RequestOutput]:
+        """``request_output(id, since[id])`` of each request of ``since`` in one call: what a
+        server streams after a step. Ids the engine does not know (any more) are left out."""
+        ready = {o.request_id: o for o in self.loop.ready}
+        outputs = []
+        for request_id, read in since.items():
+            if request_id in ready:
+                output = ready[request_id]
+                outputs.append(replace(output, outputs=[
+                    completion_tail(c, *read.get(c.index, (0, 0))) for c in output.outputs]))
+            elif request_id in self.requests:
+                output = self.output_processor.output(self.requests[request_id], read)
+                outputs.append(replace(output, finished=False) if output.finished else output)
+        return outputs
+
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""

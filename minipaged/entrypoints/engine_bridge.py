@@ -91,17 +91,17 @@ class EngineBridge:
     def step(self) -> list[RequestProgress]:
         """One engine step; what it changed, per request that changed."""
         finished = {o.request_id: o for o in self.engine.step()}
+        running = self.engine.request_outputs(  # one call for every stream still open
+            {r: t.sent for r, t in self.requests.items() if r not in finished})
+        running = {o.request_id: o for o in running}
         progress = []
         for request_id, tracked in list(self.requests.items()):
             out = finished.get(request_id)
             if out is not None:  # the whole output: keep what was not sent yet
                 out = replace(out, outputs=[completion_tail(c, *tracked.sent[c.index])
                                             for c in out.outputs])
-            else:
-                try:
-                    out = self.engine.request_output(request_id, since=tracked.sent)
-                except KeyError:  # not known to the engine (any more): nothing to report
-                    continue
+            elif (out := running.get(request_id)) is None:  # unknown to the engine now
+                continue
             update = self._progress(request_id, tracked, out)
             if update.deltas or update.finished:
                 progress.append(update)
