@@ -570,27 +570,21 @@ class LLMEngine:
         """The output so far of a request ``step`` has not returned (what a server streams):
         its text only grows, and ``finished`` stays False until ``step`` returns it. With
         ``since`` (sample index -> tokens and characters already read), only what is new."""
-        for output in self.loop.ready:
-            if output.request_id == request_id:
-                return output if not since else replace(output, outputs=[
-                    completion_tail(c, *since.get(c.index, (0, 0))) for c in output.outputs])
-        if request_id not in self.requests:
+        found = self.request_outputs({request_id: since or {}})  # defined below
+        if not found:
             raise KeyError(f"unknown or already finished request {request_id!r}")
-        output = self.output_processor.output(self.requests[request_id], since)
-        return replace(output, finished=False)
+        return found[0]
 
     # %% chapters/11_engine.md § Text out
     @exclusive
     def request_outputs(self, since: dict[str, dict]) -> list[RequestOutput]:
         """``request_output(id, since[id])`` of each request of ``since`` in one call: what a
         server streams after a step. Ids the engine does not know (any more) are left out."""
-        ready = {o.request_id: o for o in self.loop.ready}
-        outputs = []
+        ready, outputs = {o.request_id: o for o in self.loop.ready}, []
         for request_id, read in since.items():
-            if request_id in ready:
-                output = ready[request_id]
-                outputs.append(replace(output, outputs=[
-                    completion_tail(c, *read.get(c.index, (0, 0))) for c in output.outputs]))
+            if request_id in ready:  # finished: its tail, cut from the whole output
+                outputs.append(replace(ready[request_id], outputs=[completion_tail(
+                    c, *read.get(c.index, (0, 0))) for c in ready[request_id].outputs]))
             elif request_id in self.requests:
                 output = self.output_processor.output(self.requests[request_id], read)
                 outputs.append(replace(output, finished=False) if output.finished else output)
