@@ -276,7 +276,10 @@ def main(argv=None) -> int:
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
         command = server_command(args.model_spec, port, ENGINE_OPTIONS)
-        record["server"] = {"command": " ".join(command[1:]), "started_here": True}
+        record["server"] = {"command": " ".join(command[1:]), "started_here": True,
+                            # since chapter 15's engine core: the CLI steps the engine in a
+                            # process of its own (before: a thread of the server's process)
+                            "engine_core": "process"}
         with running_server(command, base_url, out / "serve_server.log", args.ready_timeout):
             record |= measure(base_url)
     save()

@@ -37,12 +37,35 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
         answer = httpx.post(url + "/v1/completions", timeout=120, json={
             "model": "random:tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).json()
         assert answer["usage"]["completion_tokens"] == 2
+        children = children_of(process.pid)
+        assert children, "the engine core runs in a child process"
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
+        assert not [pid for pid in children if running(pid)], "a child outlived the server"
         assert f"http://127.0.0.1:{port}/v1" in process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in cli.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = cli.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_without_its_packages_serve_says_what_to_install(monkeypatch, capsys):

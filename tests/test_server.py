@@ -109,7 +109,9 @@ def test_a_repeated_prompt_reports_cached_tokens(client):
 
 def test_metrics_parse_and_count_what_was_served(live, client):
     from prometheus_client.parser import text_string_to_metric_families
-    client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    for _ in range(2):  # the second finds the first's two full blocks in the prefix cache
+        client.completions.create(model=MODEL, prompt=list(range(5, 14)), max_tokens=3,
+                                  temperature=0)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(live.url + "/metrics").text)}
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                  "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
@@ -258,8 +260,9 @@ def test_a_stop_string_split_across_chunks_never_appears(scripted, tokenizer, in
     cut = SCRIPT.index(stop) + (len(stop) if include else 0)
     assert "".join(texts) == SCRIPT[:cut] and reason == "stop"
     assert "".join(texts).count(stop) == (1 if include else 0)
-    if not include:  # the "s" waited until the "." showed it starts the stop string
-        assert texts[-2:] == [" work", ""]
+    if not include:  # the "s" waited until the "." showed it starts the stop string (a
+        # stream that fell behind the engine core gets its last steps merged into one chunk)
+        assert texts[-2:] == [" work", ""] or texts[-1].endswith(" work"), texts
 
 
 def test_chat_logprobs_carry_the_bytes_of_a_split_character(scripted):

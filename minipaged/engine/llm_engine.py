@@ -567,14 +567,25 @@ class LLMEngine:
         """The output so far of a request ``step`` has not returned (what a server streams):
         its text only grows, and ``finished`` stays False until ``step`` returns it. With
         ``since`` (sample index -> tokens and characters already read), only what is new."""
-        for output in self.loop.ready:
-            if output.request_id == request_id:
-                return output if not since else replace(output, outputs=[
-                    completion_tail(c, *since.get(c.index, (0, 0))) for c in output.outputs])
-        if request_id not in self.requests:
+        found = self.request_outputs({request_id: since or {}})  # defined below
+        if not found:
             raise KeyError(f"unknown or already finished request {request_id!r}")
-        output = self.output_processor.output(self.requests[request_id], since)
-        return replace(output, finished=False)
+        return found[0]
+
+    # %% chapters/11_engine.md § Text out
+    @exclusive
+    def request_outputs(self, since: dict[str, dict]) -> list[RequestOutput]:
+        """``request_output(id, since[id])`` of each request of ``since`` in one call: what a
+        server streams after a step. Ids the engine does not know (any more) are left out."""
+        ready, outputs = {o.request_id: o for o in self.loop.ready}, []
+        for request_id, read in since.items():
+            if request_id in ready:  # finished: its tail, cut from the whole output
+                outputs.append(replace(ready[request_id], outputs=[completion_tail(
+                    c, *read.get(c.index, (0, 0))) for c in ready[request_id].outputs]))
+            elif request_id in self.requests:
+                output = self.output_processor.output(self.requests[request_id], read)
+                outputs.append(replace(output, finished=False) if output.finished else output)
+        return outputs
 
     # %% chapters/11_engine.md § Metrics
     def last_run_stats(self) -> dict:
@@ -903,10 +914,12 @@ class OutputProcessor:
         stream pays for its new tokens each step, not for its whole length."""
         text = self.text(request, seq)
         tokens = [t for t in seq.output_token_ids[from_token:] if t >= 0]  # none on the GPU
+        arrived = min(seq.output_token_ids[-2:], default=0) >= 0  # its finish is known then
         index = seq.sample_index
         logprobs = request.logprobs.get(index, []) if request.params.logprobs is not None else None
         return CompletionOutput(
-            index, tokens, None if text is None else text.text[from_char:], seq.finish_reason,
+            index, tokens, None if text is None else text.text[from_char:],
+            seq.finish_reason if arrived else None,
             self.stop_reason(seq, seq.output_token_ids, text),
             request.cumulative_logprob.get(index),
             None if logprobs is None else logprobs[from_token:from_token + len(tokens)])

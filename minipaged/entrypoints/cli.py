@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import signal
 import sys
 from pathlib import Path
 
-__all__ = ["build_parser", "model_from_args", "load_tokenizer", "main"]
+__all__ = ["build_parser", "model_from_args", "load_tokenizer", "build_engine", "main"]
 
 SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
 
@@ -86,6 +87,20 @@ def model_from_args(args, tokenizer):
     return model, tokenizer or own
 
 
+def build_engine(args):
+    """The engine ``args`` describe; the engine core process calls it, so that the model
+    and its cache live there only."""
+    from minipaged.entrypoints.llm import LLM
+    model, tokenizer = model_from_args(args, load_tokenizer(args.tokenizer))
+    return LLM(model, tokenizer=tokenizer, dtype=args.dtype, block_size=args.block_size,
+               num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens,
+               max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype,
+               gpu_memory_utilization=args.gpu_memory_utilization,
+               enable_prefix_caching=args.enable_prefix_caching)
+
+
+# %% chapters/15_serving.md § minipaged serve
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]
@@ -94,17 +109,10 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(p.replace("_", "-") for p in missing), file=sys.stderr)
         return 1
     import uvicorn
-    from minipaged.entrypoints.llm import LLM
     from minipaged.entrypoints.openai_server import create_app
-    model, tokenizer = model_from_args(args, load_tokenizer(args.tokenizer))
-    llm = LLM(model, tokenizer=tokenizer, dtype=args.dtype, block_size=args.block_size,
-              num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype,
-              gpu_memory_utilization=args.gpu_memory_utilization,
-              enable_prefix_caching=args.enable_prefix_caching)
     name = args.served_model_name or args.model
-    app = create_app(llm, model_name=name, api_key=args.api_key, max_waiting=args.max_waiting)
+    app = create_app(functools.partial(build_engine, args), model_name=name,
+                     api_key=args.api_key, max_waiting=args.max_waiting)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level="warning"))
     exit_uvicorn = server.handle_exit

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["block_pool_state", "DASHBOARD_HTML"]
+__all__ = ["block_pool_state", "recent_latencies", "DASHBOARD_HTML"]
 
 
 def block_pool_state(engine_loop, metrics=None) -> dict:
     """Every physical block's state and holders, the queues and recent latencies.
 
-    Call it on the engine loop's thread (``await engine_loop.call(block_pool_state)``):
-    between two steps the manager is consistent and nobody changes it."""
+    Call it where the engine lives, between two steps (``await engine_loop.call(
+    block_pool_state)``, in the loop's thread or the core process): there the manager
+    is consistent and nobody changes it. Plain lists and numbers: it crosses a pipe."""
     engine = engine_loop.engine
     manager, scheduler = engine.manager, engine.scheduler
     seqs = {s.seq_id: s for q in (scheduler.running, scheduler.waiting, scheduler.swapped)
@@ -38,15 +39,20 @@ def block_pool_state(engine_loop, metrics=None) -> dict:
         for seq_id in held:
             holders.setdefault(name(seq_id), []).append(block)
     queue = lambda q: list(dict.fromkeys(name(s.seq_id) for s in q))  # noqa: E731
-    ms = lambda xs: round(1000 * statistics.median(xs), 2) if xs else None  # noqa: E731
     return {"block_size": manager.block_size, "num_blocks": manager.num_physical_blocks,
             "num_free_blocks": manager.num_free_blocks, "states": states,
             "refcounts": refcounts, "holders": holders,
             "running": queue(scheduler.running), "waiting": queue(scheduler.waiting),
             "swapped": queue(scheduler.swapped),
-            "median_ttft_ms": ms(list(metrics.recent_ttft)) if metrics else None,
-            "median_tpot_ms": ms(list(metrics.recent_tpot)) if metrics else None,
+            **recent_latencies(metrics),
             "consistent": manager.first_inconsistency() is None}
+
+
+def recent_latencies(metrics=None) -> dict:
+    """The median TTFT and TPOT of the last requests, from the server's metrics."""
+    ms = lambda xs: round(1000 * statistics.median(xs), 2) if xs else None  # noqa: E731
+    return {"median_ttft_ms": ms(list(metrics.recent_ttft)) if metrics else None,
+            "median_tpot_ms": ms(list(metrics.recent_tpot)) if metrics else None}
 
 
 # %% chapters/15_serving.md § A live view of the block pool

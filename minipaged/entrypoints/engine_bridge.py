@@ -13,11 +13,11 @@ methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from minipaged.engine.llm_engine import completion_tail
 
-__all__ = ["SampleDelta", "RequestProgress", "EngineBridge"]
+__all__ = ["SampleDelta", "RequestProgress", "EngineBridge", "EngineStats", "engine_stats"]
 
 
 @dataclass
@@ -55,6 +55,7 @@ class RequestProgress:
 class _Tracked:
     sent: dict  # sample index -> [tokens sent, characters sent]
     num_prompt_tokens: int
+    ended: set = field(default_factory=set)  # samples whose finish reason was sent
 
 
 # %% chapters/15_serving.md § From token ids to text, incrementally
@@ -90,17 +91,17 @@ class EngineBridge:
     def step(self) -> list[RequestProgress]:
         """One engine step; what it changed, per request that changed."""
         finished = {o.request_id: o for o in self.engine.step()}
+        running = self.engine.request_outputs(  # one call for every stream still open
+            {r: t.sent for r, t in self.requests.items() if r not in finished})
+        running = {o.request_id: o for o in running}
         progress = []
         for request_id, tracked in list(self.requests.items()):
             out = finished.get(request_id)
             if out is not None:  # the whole output: keep what was not sent yet
                 out = replace(out, outputs=[completion_tail(c, *tracked.sent[c.index])
                                             for c in out.outputs])
-            else:
-                try:
-                    out = self.engine.request_output(request_id, since=tracked.sent)
-                except KeyError:  # not known to the engine (any more): nothing to report
-                    continue
+            elif (out := running.get(request_id)) is None:  # unknown to the engine now
+                continue
             update = self._progress(request_id, tracked, out)
             if update.deltas or update.finished:
                 progress.append(update)
@@ -113,7 +114,9 @@ class EngineBridge:
         deltas = []
         for c in out.outputs:
             text, new = c.text or "", c.token_ids
-            reason = c.finish_reason if out.finished else None  # every token has arrived
+            reason = None if c.index in tracked.ended else c.finish_reason
+            if reason is not None:  # its last token has arrived: this sample is done
+                tracked.ended.add(c.index)
             if text or new or reason:
                 deltas.append(SampleDelta(c.index, text, list(new), reason, c.logprobs))
             sent = tracked.sent[c.index]
@@ -125,3 +128,27 @@ class EngineBridge:
                                out.metrics.get("num_cached_tokens", 0),
                                out.metrics if out.finished else None, tracked.num_prompt_tokens,
                                sum(counts), max(counts))
+
+
+# %% chapters/15_serving.md § From token ids to text, incrementally
+@dataclass
+class EngineStats:
+    """What the server's metrics read of the engine after a step (all plain numbers)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+def engine_stats(engine) -> EngineStats:
+    """The engine's queues, block-pool usage and counters, read between two steps."""
+    scheduler, manager = engine.scheduler, engine.manager
+    cache = getattr(manager, "stats", None)
+    return EngineStats(
+        len({s.request_id for s in scheduler.running}),
+        len({s.request_id for s in (*scheduler.waiting, *scheduler.swapped)}),
+        1 - manager.num_free_blocks / manager.num_physical_blocks,
+        engine.stats.preemptions, getattr(cache, "queries", 0), getattr(cache, "hits", 0))

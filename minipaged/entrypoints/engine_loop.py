@@ -19,7 +19,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from minipaged.entrypoints.engine_bridge import EngineBridge, RequestProgress
+from minipaged.entrypoints.engine_bridge import (EngineBridge, EngineStats, RequestProgress,
+                                                 engine_stats)
 
 __all__ = ["EngineLoop", "RequestStream", "EngineLoopClosedError", "EngineStepError"]
 
@@ -92,15 +93,17 @@ class RequestStream:
 class EngineLoop:
     """The one owner of an engine (``LLM`` or ``LLMEngine``): a thread that applies the
     inbox's commands and steps. ``max_waiting``: ``queue_full()`` once that many requests
-    wait (the server answers 503). ``observers``: callables ``(loop, progress)`` run on the
-    loop's thread after every step (metrics)."""
+    wait (the server answers 503). ``observers``: callables ``(stats, progress)`` run on
+    the loop's thread after every step (metrics)."""
 
     def __init__(self, llm, tokenizer=None, *, max_waiting: int | None = None) -> None:
         self.engine = getattr(llm, "llm_engine", llm)
-        self.bridge = EngineBridge(self.engine, tokenizer or self.engine.tokenizer)
+        self.tokenizer = tokenizer or self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+        self.bridge = EngineBridge(self.engine, self.tokenizer)
         self.max_waiting = max_waiting
         self.observers: list[Callable] = []
-        self.num_running = self.num_waiting = 0  # published by the loop after each step
+        self.stats = EngineStats()  # published by the loop after each step
         self.last_error: str | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -125,11 +128,20 @@ class EngineLoop:
         return (self._thread is not None and self._thread.is_alive()
                 and not self._closing.is_set())
 
+    @property
+    def num_running(self) -> int:
+        return self.stats.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.stats.num_waiting
+
     def queue_full(self) -> bool:
         """Whether ``max_waiting`` requests already wait (queued in the engine or the inbox)."""
         return (self.max_waiting is not None
                 and self.num_waiting + self._inbox.qsize() >= self.max_waiting)
 
+    # %% chapters/15_serving.md § The engine loop
     async def submit(self, prompt_ids: list[int], params, *,
                      request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it, or raises what
@@ -226,7 +238,7 @@ class EngineLoop:
                 self._streams.pop(update.request_id, None)
         self._publish()
         for observe in self.observers:
-            observe(self, progress)
+            observe(self.stats, progress)
 
     def _fail(self, request_id: str, error: BaseException) -> None:
         try:
@@ -236,9 +248,7 @@ class EngineLoop:
             self._streams.pop(request_id, None)
 
     def _publish(self) -> None:
-        scheduler = self.engine.scheduler
-        self.num_running = len({s.request_id for s in scheduler.running})
-        self.num_waiting = len({s.request_id for s in (*scheduler.waiting, *scheduler.swapped)})
+        self.stats = engine_stats(self.engine)
 
     def _shut_down(self) -> None:
         """Abort what is in flight and refuse what is still in the inbox."""

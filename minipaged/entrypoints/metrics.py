@@ -56,19 +56,18 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     # %% chapters/15_serving.md § What to measure
-    def observe(self, engine_loop, progress) -> None:
-        """Update every metric after a step (called on the engine loop's thread)."""
-        engine, name = engine_loop.engine, self.model_name
-        manager = engine.manager
+    def observe(self, stats, progress) -> None:
+        """Update every metric after a step from the engine's ``EngineStats`` and the step's
+        progress (called by whoever owns the engine: its loop thread, or the core's reader)."""
+        name = self.model_name
         running, waiting, usage = self._gauges
-        running.set(engine_loop.num_running)
-        waiting.set(engine_loop.num_waiting)
-        usage.set(1 - manager.num_free_blocks / manager.num_physical_blocks)
-        stats = getattr(manager, "stats", None)
+        running.set(stats.num_running)
+        waiting.set(stats.num_waiting)
+        usage.set(stats.kv_cache_usage)
         for key, counter, value in (
-                ("preemptions", self.preemptions, engine.stats.preemptions),
-                ("queries", self.queries, getattr(stats, "queries", 0)),
-                ("hits", self.hits, getattr(stats, "hits", 0))):
+                ("preemptions", self.preemptions, stats.num_preemptions),
+                ("queries", self.queries, stats.prefix_cache_queries),
+                ("hits", self.hits, stats.prefix_cache_hits)):
             if value > self._seen[key]:  # counters only grow
                 counter.labels(name).inc(value - self._seen[key])
             self._seen[key] = value

@@ -28,6 +28,7 @@ def error_body(message: str, type: str, param: str | None = None,
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# %% chapters/15_serving.md § The OpenAI protocol
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 

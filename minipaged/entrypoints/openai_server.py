@@ -24,8 +24,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minipaged.entrypoints.dashboard import DASHBOARD_HTML, block_pool_state
+import torch
+
+from minipaged.entrypoints.dashboard import DASHBOARD_HTML, block_pool_state, recent_latencies
 from minipaged.engine.llm_engine import InvalidRequestError
+from minipaged.entrypoints.core_client import EngineCoreClient
 from minipaged.entrypoints.engine_bridge import SampleDelta
 from minipaged.entrypoints.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
 from minipaged.entrypoints.metrics import ServerMetrics
@@ -36,6 +39,7 @@ from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
 __all__ = ["create_app", "prompt_token_ids", "sampling_params"]
 
 
+# %% chapters/15_serving.md § The OpenAI protocol
 def prompt_token_ids(body, tokenizer) -> list[int]:
     """The prompt of a completions or chat body as token ids."""
     if isinstance(body, ChatCompletionRequest):
@@ -60,6 +64,7 @@ def prompt_token_ids(body, tokenizer) -> list[int]:
     return list(ids)
 
 
+# %% chapters/15_serving.md § The OpenAI protocol
 def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
     """The body's sampling fields as ``SamplingParams``; ``OpenAIError`` (400) if invalid."""
     if isinstance(body, ChatCompletionRequest):
@@ -124,6 +129,7 @@ class _Answer:
                     "finish_reason": reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
+    # %% chapters/15_serving.md § Streaming
     def logprobs(self, d: SampleDelta) -> dict | None:
         """The log-probabilities of ``d``'s tokens in OpenAI's shape (chat or completions)."""
         if self.top_logprobs is None or d.logprobs is None:
@@ -172,6 +178,7 @@ class _Answer:
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+# %% chapters/15_serving.md § Streaming
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
@@ -183,6 +190,7 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_OF = _byte_level_alphabet()
 
 
+# %% chapters/15_serving.md § Streaming
 DISCONNECT_CHECK_S = 0.1
 """how often a stream asks whether its client left (Starlette also cancels a stream whose
 client is gone; asking at every step would cost more than writing the chunks)"""
@@ -219,6 +227,7 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
     yield "data: [DONE]\n\n"
 
 
+# %% chapters/15_serving.md § Streaming
 async def _collect(answer: _Answer, stream) -> dict:
     """The whole answer of a request that is not streamed."""
     whole = [SampleDelta(i, "", [], None, []) for i in range(answer.n)]
@@ -297,6 +306,7 @@ class _RequireKey:
         return await self.app(scope, receive, send)
 
 
+# %% chapters/15_serving.md § The app
 def _install_errors(app: FastAPI) -> None:
     """Every error in OpenAI's shape."""
 
@@ -322,13 +332,16 @@ def _install_errors(app: FastAPI) -> None:
 # %% chapters/15_serving.md § The app
 def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
                api_key: str | None = None, max_waiting: int | None = 256,
-               max_body_bytes: int = 1 << 20) -> FastAPI:
-    """An OpenAI-compatible app serving ``llm`` (an ``LLM`` or ``LLMEngine``) as
-    ``model_name``. ``max_waiting``: waiting requests before new ones get 503."""
+               max_body_bytes: int = 1 << 20, engine_core: str = "auto") -> FastAPI:
+    """An OpenAI-compatible app serving ``llm`` as ``model_name``: an ``LLM`` or
+    ``LLMEngine``, or a function that builds one in the engine core process.
+    ``engine_core``: ``"process"`` (the engine steps in a process of its own),
+    ``"thread"`` (an ``EngineLoop`` thread here), or ``"auto"``: a process, except for an
+    engine already on a GPU (a forked child cannot use CUDA). ``max_waiting``: waiting
+    requests before new ones get 503."""
     from contextlib import asynccontextmanager
 
-    engine_loop = EngineLoop(llm, tokenizer, max_waiting=max_waiting)
-    tokenizer = engine_loop.bridge.tokenizer
+    engine_loop = _engine_owner(llm, engine_core, max_waiting)
     metrics = ServerMetrics(model_name)
     engine_loop.observers.append(metrics.observe)
 
@@ -351,8 +364,9 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
         if body.model != model_name:
             raise OpenAIError(404, f"the model `{body.model}` does not exist",
                               param="model", code="model_not_found")
-        ids = prompt_token_ids(body, tokenizer)
-        params = sampling_params(body, len(ids), engine_loop.engine.max_model_len)
+        words = tokenizer or engine_loop.tokenizer
+        ids = prompt_token_ids(body, words)
+        params = sampling_params(body, len(ids), engine_loop.max_model_len)
         if engine_loop.queue_full():
             raise OpenAIError(503, f"{engine_loop.num_waiting} requests are waiting: retry "
                               "later", type="server_error", headers={"Retry-After": "1"})
@@ -364,7 +378,7 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
             raise OpenAIError(503, str(error), type="server_error")
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         answer = _Answer(kind, f"{prefix}-{stream.request_id}", model_name, int(time.time()),
-                         params.n, len(ids), tokenizer, params.logprobs)
+                         params.n, len(ids), words, params.logprobs)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(_events(answer, stream, request, usage),
@@ -373,6 +387,21 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
 
     _routes(app, serve, model_name, engine_loop, metrics)
     return app
+
+
+# %% chapters/15_serving.md § The app
+def _engine_owner(llm, engine_core: str, max_waiting: int | None):
+    """The engine's one owner: an ``EngineCoreClient`` (a process) or an ``EngineLoop``."""
+    if engine_core not in ("auto", "process", "thread"):
+        raise ValueError(f"engine_core={engine_core!r}: one of auto, process, thread")
+    is_engine = hasattr(getattr(llm, "llm_engine", llm), "step")
+    if not is_engine:  # a recipe: only a process of its own can run it
+        return EngineCoreClient(build=llm, max_waiting=max_waiting)
+    if engine_core == "auto":
+        engine_core = "thread" if torch.cuda.is_initialized() else "process"
+    if engine_core == "thread":
+        return EngineLoop(llm, max_waiting=max_waiting)
+    return EngineCoreClient(llm, max_waiting=max_waiting)
 
 
 # %% chapters/15_serving.md § The app
@@ -390,12 +419,14 @@ def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
     async def models():
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": 0, "owned_by": "minipaged",
-            "max_model_len": engine_loop.engine.max_model_len}]}
+            "max_model_len": engine_loop.max_model_len}]}
 
     @app.get("/health")
     async def health():
         if not engine_loop.alive:
-            raise OpenAIError(503, "the engine loop is not running", type="server_error")
+            raise OpenAIError(503, "the engine is not running"
+                              + (f": {engine_loop.last_error}" if engine_loop.last_error else ""),
+                              type="server_error")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -409,6 +440,7 @@ def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
     @app.get("/dashboard/state")
     async def dashboard_state():
         try:
-            return await engine_loop.call(lambda loop: block_pool_state(loop, metrics))
+            state = await engine_loop.call(block_pool_state)  # taken between two steps
         except EngineLoopClosedError as error:
             raise OpenAIError(503, str(error), type="server_error")
+        return {**state, **recent_latencies(metrics)}
