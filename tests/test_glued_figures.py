@@ -405,7 +405,7 @@ def test_every_record_in_results_says_where_it_comes_from(path):
 
 def test_the_chapters_open_the_records():
     opened = set().union(*map(opened_records, CHAPTERS))
-    assert {"gpu_status.json", "engine_h200.json", "decode_attention_h200.json"} <= opened
+    assert {"engine_assembly_h200.json", "engine_h200.json", "decode_attention_h200.json"} <= opened
 
 
 def test_a_record_without_a_command_is_reported():
@@ -428,14 +428,14 @@ def rows_by(name: str, key: str) -> dict:
 
 def test_ch01_kv_dominates_small_models_early_and_70b_nearly_fills_one_h200():
     """Chapter 1: "KV dominates small models almost at once"; "Llama-3.1-70B's weights alone
-    nearly fill one H200" (the H200's memory as its GPU run recorded it)."""
+    nearly fill one H200" (the H200's memory as an H200 run recorded it)."""
     from minipaged.memory.sizing import kv_shape_from_config, parameter_count, reference_configs
 
     configs = reference_configs()
     qwen = configs["Qwen3-0.6B"]
     crossover = parameter_count(qwen) * 2 / (8 * kv_shape_from_config(qwen).bytes_per_token)
     assert crossover < 2048
-    device = record("gpu_status.json")["chapters"]["01_kv_sizing"]["device"]
+    device = record("engine_assembly_h200.json")["device"]  # an H200 run, as nvidia-smi named it
     h200 = int(re.search(r"(\d+) MiB", device).group(1)) * 2**20
     assert 0.9 * h200 < parameter_count(configs["Llama-3.1-70B"]) * 2 < h200
 
