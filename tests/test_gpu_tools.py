@@ -26,6 +26,16 @@ def test_per_chapter_counts_cells_and_hashes_the_chapter(tmp_path):
     assert results["02_b"]["ok"] and results["02_b"]["passed"] == 1
 
 
+def test_a_page_without_code_cells_is_ok_with_nothing_run_but_a_chapter_is_not(tmp_path):
+    prose, code = tmp_path / "93_prose.md", tmp_path / "04_code.md"
+    prose.write_text("# Only prose\n")
+    code.write_text("# Code\n\n```{code-cell} ipython3\n1\n```\n")
+    (tmp_path / "junit.xml").write_text("<testsuites><testsuite></testsuite></testsuites>")
+    results = run_chapters.per_chapter([prose, code], tmp_path / "junit.xml")
+    assert results["93_prose"]["ok"] and results["93_prose"]["passed"] == 0
+    assert not results["04_code"]["ok"]  # a chapter whose cells never ran is not green
+
+
 def gpu_run(date, chapters, **extra):
     """A run as tools/gpu_run.sh writes it (gpu_run_<date>.json)."""
     return {"device": "GPU", "date": date, "command": "bash tools/gpu_run.sh chapters",
