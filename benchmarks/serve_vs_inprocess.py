@@ -5,6 +5,7 @@ highest request rate it sustains within latency limits.
         [--num-requests 256] [--max-tokens 512] [--rates R1,R2,...] [--sweep-requests N]
         [--base-url URL] [--skip-inprocess] [--run-timeout S] [--client-processes K]
         [--budgets B1,B2,... [--budget-rate R]] [--skip-served] [--result-name NAME]
+        [--api-server-counts N1,N2,...]
 
 (a) In-process: ``minipaged.LLM.generate`` on bench_fast_engine's model and workload
     (random bf16 Qwen3-0.6B shape, 256 requests, prompts uniform in 100-1024, 512 new tokens, EOS
@@ -17,6 +18,9 @@ highest request rate it sustains within latency limits.
 (c) A sweep of request rates (Poisson arrivals; by default fractions of (b)'s request throughput,
     ``SWEEP_FRACTIONS``, up to past saturation): per rate the load generator's metrics, and the
     highest rate whose p99 TTFT <= 1 s and p99 TPOT <= 50 ms with no request failed.
+    With ``--api-server-counts``: (b) once per number of API server processes
+    (``minipaged serve --api-server-count N``), each on a server of its own; (c) and the top-level
+    ``saturated`` then belong to the last count, and ``by_api_server_count`` keeps each count's (b).
 (d) With ``--budgets``: one server per chunked-prefill token budget (``--max-num-batched-tokens``),
     each loaded at the same rate: TTFT and TPOT against the budget.
 
@@ -229,6 +233,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="requests/s of (d) (default: 0.75 of (b)'s request throughput)")
     parser.add_argument("--skip-served", action="store_true", help="only (a) and (d)")
     parser.add_argument("--result-name", help="file name under --out (default serve_<device>.json)")
+    parser.add_argument("--api-server-counts", default="1",
+                        help="comma-separated --api-server-count values to compare in (b)")
     return parser.parse_args(argv)
 
 
@@ -262,9 +268,9 @@ def main(argv=None) -> int:
     rates = None if args.rates is None else [float(r) for r in args.rates.split(",")]
     sweep_requests = args.sweep_requests or args.num_requests
 
-    def measure(base_url: str) -> dict:
-        return served(base_url, first_model(base_url), requests, rates, sweep_requests,
-                      args.run_timeout, args.ignore_eos, args.client_processes)
+    def measure(base_url: str, sweep: bool = True) -> dict:
+        return served(base_url, first_model(base_url), requests, rates if sweep else [],
+                      sweep_requests, args.run_timeout, args.ignore_eos, args.client_processes)
 
     record["client_processes"] = args.client_processes
     if args.skip_served:
@@ -273,15 +279,24 @@ def main(argv=None) -> int:
         record["server"] = {"base_url": args.base_url, "started_here": False}
         record |= measure(args.base_url.rstrip("/"))
     else:
-        port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        command = server_command(args.model_spec, port, ENGINE_OPTIONS)
+        counts = [int(c) for c in args.api_server_counts.split(",")]
+        record["by_api_server_count"] = []
+        for i, count in enumerate(counts):
+            port = free_port()
+            base_url = f"http://127.0.0.1:{port}"
+            options = ENGINE_OPTIONS | ({"api_server_count": count} if count != 1 else {})
+            command = server_command(args.model_spec, port, options)
+            print(f"server with {count} API server process(es)", flush=True)
+            with running_server(command, base_url, out / f"serve_server_{count}.log",
+                                args.ready_timeout):
+                result = measure(base_url, sweep=i == len(counts) - 1)
+            record["by_api_server_count"].append({"api_server_count": count,
+                                                  "saturated": result["saturated"]})
+            save()
+        # since chapter 15's engine core: the CLI steps the engine in a process of its own
         record["server"] = {"command": " ".join(command[1:]), "started_here": True,
-                            # since chapter 15's engine core: the CLI steps the engine in a
-                            # process of its own (before: a thread of the server's process)
-                            "engine_core": "process"}
-        with running_server(command, base_url, out / "serve_server.log", args.ready_timeout):
-            record |= measure(base_url)
+                            "engine_core": "process", "api_server_count": counts[-1]}
+        record |= result
     save()
     if args.budgets:
         if not (args.budget_rate or record["saturated"]):

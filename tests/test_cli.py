@@ -1,5 +1,6 @@
-"""`minipaged serve` (chapter 14) as a process: it says where it listens, serves, and exits 0 on
-SIGTERM; without its packages it says what to install."""
+"""`minipaged serve` (chapter 15) as a process: it says where it listens, serves, and exits 0 on
+SIGTERM, with one API server process or several sharing the engine core; without its packages
+it says what to install."""
 
 import importlib.util
 import os
@@ -43,6 +44,48 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
         assert process.wait(60) == 0
         assert not [pid for pid in children if running(pid)], "a child outlived the server"
         assert f"http://127.0.0.1:{port}/v1" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cli.Path(__file__).parent.parent)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minipaged", "serve", "random:tiny", "--port", str(port),
+         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64",
+         "--api-server-count", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.5)
+        spawned = [pid for pid in children_of(process.pid) if b"multiprocessing.spawn"
+                   in cli.Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(spawned) == 2, "the engine core and a second API server process"
+        for i in range(8):  # a new connection each: either process may accept it
+            answer = httpx.post(url + "/v1/completions", timeout=120, json={
+                "model": "random:tiny", "prompt": [1, 2, 3 + i], "max_tokens": 2,
+                "temperature": 0})
+            assert answer.json()["usage"]["completion_tokens"] == 2
+        metrics = httpx.get(url + "/metrics", timeout=30).text  # kept in the core: all 8
+        assert 'request_success_total{finished_reason="length",model_name="random:tiny"} 8.0' \
+            in metrics
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        deadline = time.monotonic() + 30
+        while [pid for pid in spawned if running(pid)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in spawned if running(pid)], "a child outlived the server"
+        assert "with 2 API server processes" in process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()

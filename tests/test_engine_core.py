@@ -164,3 +164,49 @@ def test_a_sample_of_n_that_stops_early_reports_its_finish_at_once():
         assert when == last_token[i], (i, when, last_token[i])  # with its last token
         assert reason == ("stop" if len(tokens[i]) < 40 else "length")
     assert len({when for when, _ in ended.values()}) > 1, "no sample ended before another"
+
+
+def test_two_front_ends_share_one_core_and_each_hears_only_of_its_own_requests():
+    from minipaged.engine.scheduler import SamplingParams
+    from minipaged.entrypoints.metrics import render_metrics
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [[1 + i, 2, 3, 4 + i] for i in range(6)]
+    # spawned, as minipaged serve starts it (and immune to a fork of torch's thread pool)
+    first = EngineCoreClient(build=new_engine, model_name="tiny").start(front_ends=2)
+    second = EngineCoreClient(channel=first.spare_channels[0], model_name="tiny").start()
+    heard = {id(first): set(), id(second): set()}
+    for front in (first, second):
+        front.observers.append(lambda stats, progress, key=id(front):
+                               heard[key].update(u.request_id for u in progress))
+
+    async def run(front, i):
+        stream = await front.submit(prompts[i], params, request_id=f"r{i}")
+        tokens = []
+        async for update in stream:
+            tokens += [t for d in update.deltas for t in d.token_ids]
+        return tokens
+
+    async def main():
+        fronts = [first if i % 2 == 0 else second for i in range(len(prompts))]
+        got = await asyncio.gather(*(run(f, i) for i, f in enumerate(fronts)))
+        return got, await second.call(render_metrics), await first.call(in_core)
+
+    try:
+        got, metrics, (tracked, free, total, problem, _) = asyncio.run(
+            asyncio.wait_for(main(), 120))
+        expected = [o.outputs[0].token_ids for o in new_engine().generate(prompts, params)]
+        assert got == expected
+        assert heard[id(first)] == {"r0", "r2", "r4"} and heard[id(second)] == {"r1", "r3", "r5"}
+        assert 'minipaged:request_success_total{finished_reason="length",model_name="tiny"} 6.0' \
+            in metrics.decode()  # kept in the core: both front ends' requests, counted once
+        assert (tracked, free, problem) == (0, total, None)
+        second.stop()  # any front end stops the server as a whole
+        first.process.join(30)
+        assert first.process.exitcode == 0
+        deadline = time.monotonic() + 30
+        while first.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not first.alive and "died" not in (first.last_error or "")
+    finally:
+        first.stop(timeout=10)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import multiprocessing
+import os
 import signal
 import sys
 from pathlib import Path
 
-__all__ = ["build_parser", "model_from_args", "load_tokenizer", "build_engine", "main"]
+__all__ = ["build_parser", "model_from_args", "load_tokenizer", "build_engine",
+           "serve_front_end", "main"]
 
 SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
 
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     add("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     add("--max-waiting", type=int, default=256, help="waiting requests before 503")
+    add("--api-server-count", type=int, default=1,
+        help="processes serving HTTP on the port, sharing one engine core")
     add("--seed", type=int, default=0, help="weights of a random: model")
     return parser
 
@@ -101,6 +106,39 @@ def build_engine(args):
 
 
 # %% chapters/15_serving.md § minipaged serve
+def serve_front_end(args, core, sock, others: list = ()) -> None:
+    """One server process (a front end): the app on ``core`` under uvicorn, accepting on
+    the shared socket ``sock``. ``others``: the other front ends' processes, told to stop
+    when this one is (a SIGTERM reaches only the process it is sent to)."""
+    import uvicorn
+    from minipaged.entrypoints.openai_server import create_app
+    app = create_app(core, model_name=core.model_name, api_key=args.api_key,
+                     max_waiting=args.max_waiting)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    exit_uvicorn = server.handle_exit
+
+    def handle_exit(sig, frame):  # end the open streams first, then stop uvicorn
+        core.stop(timeout=0)
+        for other in others:
+            if sig == signal.SIGTERM and other.is_alive():
+                os.kill(other.pid, signal.SIGTERM)
+        exit_uvicorn(sig, frame)
+
+    server.handle_exit = handle_exit
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn raises the signal again on exit:
+        signal.signal(sig, lambda *_: None)      # once it has shut down, that is a clean exit
+    server.run(sockets=[sock])
+
+
+def _front_end_process(args, sock, channel) -> None:
+    """The entry point of a front end beyond the first: it attaches to the running core."""
+    from minipaged.entrypoints.core_client import EngineCoreClient
+    core = EngineCoreClient(channel=channel, model_name=args.served_model_name or args.model,
+                            max_waiting=args.max_waiting)
+    serve_front_end(args, core, sock)
+
+
+# %% chapters/15_serving.md § minipaged serve
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]
@@ -108,23 +146,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minipaged serve needs {', '.join(missing)}: pip install "
               + " ".join(p.replace("_", "-") for p in missing), file=sys.stderr)
         return 1
+    if args.api_server_count < 1:
+        print("--api-server-count must be at least 1", file=sys.stderr)
+        return 2
     import uvicorn
-    from minipaged.entrypoints.openai_server import create_app
+    from minipaged.entrypoints.core_client import EngineCoreClient
     name = args.served_model_name or args.model
-    app = create_app(functools.partial(build_engine, args), model_name=name,
-                     api_key=args.api_key, max_waiting=args.max_waiting)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning"))
-    exit_uvicorn = server.handle_exit
-
-    def handle_exit(sig, frame):  # end the open streams first, then stop uvicorn
-        app.state.engine_loop.stop(timeout=0)
-        exit_uvicorn(sig, frame)
-
-    server.handle_exit = handle_exit
-    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn raises the signal again on exit:
-        signal.signal(sig, lambda *_: None)      # once it has shut down, that is a clean exit
+    sock = uvicorn.Config(None, host=args.host, port=args.port).bind_socket()
+    core = EngineCoreClient(build=functools.partial(build_engine, args), model_name=name,
+                            max_waiting=args.max_waiting).start(args.api_server_count)
+    spawn = multiprocessing.get_context("spawn")
+    others = [spawn.Process(target=_front_end_process, args=(args, sock, channel),
+                            name=f"minipaged-api-server-{i + 1}", daemon=True)
+              for i, channel in enumerate(core.spare_channels)]
+    for other in others:
+        other.start()
+    for end in (end for channel in core.spare_channels for end in channel):
+        end.close()  # theirs now: the core must see a front end that dies hang up
     print(f"minipaged: serving {name!r} on http://{args.host}:{args.port}/v1 "
-          f"(dashboard: http://{args.host}:{args.port}/dashboard)", flush=True)
-    server.run()
+          f"(dashboard: http://{args.host}:{args.port}/dashboard)"
+          + (f" with {args.api_server_count} API server processes" if others else ""),
+          flush=True)
+    serve_front_end(args, core, sock, others)
+    for other in others:
+        other.join(30)
+        if other.is_alive():
+            other.kill()
     return 0

@@ -116,25 +116,30 @@ class CoreStream:
 
 # %% chapters/15_serving.md § The engine core in a process of its own
 class EngineCoreClient:
-    """The engine core process and the server's side of it. ``engine``: an engine built
+    """The engine core process and a front end's side of it. ``engine``: an engine built
     here, which the core inherits (the process is forked); or ``build``: a function the
-    core calls to build one (spawned: the way on a GPU, where CUDA rules out forking).
-    ``max_waiting``: ``queue_full()`` once that many requests wait. ``observers``:
-    callables ``(stats, progress)`` run after every step (metrics)."""
+    core calls to build one (spawned: the way on a GPU, where CUDA rules out forking); or
+    ``channel``: a core another front end started (one of its ``spare_channels``).
+    ``model_name``: the core keeps the server's metrics under that name. ``max_waiting``:
+    ``queue_full()`` once that many requests wait. ``observers``: callables ``(stats,
+    progress)`` run here after every step."""
 
     def __init__(self, engine=None, *, build: Callable | None = None,
+                 channel: tuple | None = None, model_name: str | None = None,
                  max_waiting: int | None = None, ready_timeout: float = 600.0) -> None:
-        if (engine is None) == (build is None):
-            raise TypeError("give an engine or a function that builds one, not both")
+        if sum(x is not None for x in (engine, build, channel)) != 1:
+            raise TypeError("give one of: an engine, a function that builds one, a channel")
         engine = getattr(engine, "llm_engine", engine)
         self.start_method = "fork" if engine is not None else "spawn"
         self._build = build or (lambda: engine)  # a forked child needs no pickling
-        self.tokenizer = getattr(engine, "tokenizer", None)
+        self.channel, self.spare_channels = channel, []
+        self.model_name, self.tokenizer = model_name, getattr(engine, "tokenizer", None)
         self.max_model_len = getattr(engine, "max_model_len", None)
         self.max_waiting, self.ready_timeout = max_waiting, ready_timeout
         self.observers: list[Callable] = []
         self.stats, self.last_error = EngineStats(), None
-        self.process: multiprocessing.Process | None = None
+        self.process: multiprocessing.Process | None = None  # None: not started, or attached
+        self._started = False
         self._streams: dict[str, CoreStream] = {}
         self._futures: dict[tuple, tuple] = {}  # ("add", id) or ("call", n) -> loop, future
         self._calls, self._unacked = itertools.count(), 0
@@ -160,20 +165,30 @@ class EngineCoreClient:
                 and self.stats.num_waiting + self._unacked >= self.max_waiting)
 
     # %% chapters/15_serving.md § The engine core in a process of its own
-    def start(self) -> EngineCoreClient:
-        if self.process is not None:
+    def start(self, front_ends: int = 1) -> EngineCoreClient:
+        """Start the core (for a client given a ``channel``: connect to it). ``front_ends``: how
+        many server processes share the core; the channels of the others wait in
+        ``spare_channels``, for ``EngineCoreClient(channel=...)`` in those processes."""
+        if self._started:
             return self
-        context = multiprocessing.get_context(self.start_method)
-        core_in, self._to_core = context.Pipe(duplex=False)
-        self._from_core, core_out = context.Pipe(duplex=False)
-        ours = (self._to_core, self._from_core) if self.start_method == "fork" else ()
-        self.process = context.Process(
-            target=run_engine_core, name="minipaged-engine-core", daemon=True,
-            args=(self._build, core_in, core_out, os.getpid(), ours))
-        with warnings.catch_warnings():  # Python warns that forking a threaded process may
-            warnings.simplefilter("ignore", DeprecationWarning)  # deadlock; the child runs
-            self.process.start()                                 # only the core's code
-        core_in.close(), core_out.close()
+        self._started = True
+        if self.channel is None:
+            context = multiprocessing.get_context(self.start_method)
+            pipes = [(context.Pipe(duplex=False), context.Pipe(duplex=False))
+                     for _ in range(front_ends)]  # (core_in, to_core), (from_core, core_out)
+            theirs = [(core_in, core_out) for (core_in, _), (_, core_out) in pipes]
+            ours = [(to_core, from_core) for (_, to_core), (from_core, _) in pipes]
+            inherited = [end for pair in ours for end in pair] if self.start_method == "fork" else []
+            self.process = context.Process(
+                target=run_engine_core, name="minipaged-engine-core", daemon=True,
+                args=(self._build, theirs, os.getpid(), inherited, self.model_name))
+            with warnings.catch_warnings():  # Python warns that forking a threaded process may
+                warnings.simplefilter("ignore", DeprecationWarning)  # deadlock; the child runs
+                self.process.start()                                 # only the core's code
+            for end in (end for pair in theirs for end in pair):
+                end.close()
+            self.channel, self.spare_channels = ours[0], ours[1:]
+        self._to_core, self._from_core = self.channel
         self._await_ready()
         self._alive = True
         for target, name in ((self._read_all, "reader"), (self._send_all, "sender")):
@@ -181,15 +196,17 @@ class EngineCoreClient:
         return self
 
     def _await_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
+        deadline, ours = time.monotonic() + self.ready_timeout, self.process is not None
         while not self._from_core.poll(0.2):
-            if not self.process.is_alive() or time.monotonic() > deadline:
-                self.process.kill()
-                code = self.process.exitcode
+            if (ours and not self.process.is_alive()) or time.monotonic() > deadline:
+                if ours:
+                    self.process.kill()
+                code = self.process.exitcode if ours else None
                 raise EngineCoreError(f"the engine core did not start (exit code {code})")
         kind, info = pickle.loads(self._from_core.recv_bytes())
         if kind == "dead":
-            self.process.join(10)
+            if ours:
+                self.process.join(10)
             raise EngineCoreError(f"the engine core could not build the engine: {info}")
         self.max_model_len = info["max_model_len"]
         self.tokenizer = self.tokenizer or info["tokenizer"]
@@ -280,6 +297,8 @@ class EngineCoreClient:
             error = (EngineStepError(body[1]) if kind == "failed"
                      else EngineLoopClosedError("the server is shutting down"))
             self.last_error = body[1] if kind == "failed" else self.last_error
+            # "closed": the core stopped on purpose (another front end may have asked)
+            self._closing = self._closing or kind == "closed"
             self._deliver([(self._streams.pop(rid, None), error) for rid in body[0]])
 
     def _deliver(self, items: list) -> None:
@@ -296,14 +315,16 @@ class EngineCoreClient:
 
     # %% chapters/15_serving.md § The engine core in a process of its own
     def _gone(self) -> None:
-        self.process.join(5)
+        if self.process is not None:
+            self.process.join(5)
         with self._lock:
             self._alive, futures = False, list(self._futures.values())
             self._futures.clear()
         if self._closing:
             error = EngineLoopClosedError("the server is shutting down")
         else:
-            self.last_error = (f"the engine core process died (exit code {self.process.exitcode})"
+            code = self.process.exitcode if self.process is not None else "unknown here"
+            self.last_error = (f"the engine core process died (exit code {code})"
                                + (f" after: {self.last_error}" if self.last_error else ""))
             error = EngineStepError(self.last_error)
         closed = EngineLoopClosedError(self.last_error or "the server is shutting down")
@@ -314,13 +335,14 @@ class EngineCoreClient:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Tell the core to abort what is in flight and exit; wait ``timeout`` seconds for it
-        (0: do not wait, as in a signal handler), then end it by force."""
-        if self.process is None:
+        (0: do not wait, as in a signal handler), then end it by force. Any front end may stop
+        the core: the server stops as a whole."""
+        if not self._started:
             return
         if not self._closing:
             self._closing = True
             self._send("stop")
-        if timeout == 0:
+        if timeout == 0 or self.process is None:
             return
         self.process.join(timeout)
         if self.process.is_alive():

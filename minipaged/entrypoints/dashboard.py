@@ -18,7 +18,7 @@ def block_pool_state(engine_loop, metrics=None) -> dict:
     Call it where the engine lives, between two steps (``await engine_loop.call(
     block_pool_state)``, in the loop's thread or the core process): there the manager
     is consistent and nobody changes it. Plain lists and numbers: it crosses a pipe."""
-    engine = engine_loop.engine
+    engine, metrics = engine_loop.engine, metrics or getattr(engine_loop, "metrics", None)
     manager, scheduler = engine.manager, engine.scheduler
     seqs = {s.seq_id: s for q in (scheduler.running, scheduler.waiting, scheduler.swapped)
             for s in q}

@@ -4,10 +4,10 @@
 # %% chapters/15_serving.md § The engine core in a process of its own
 """The engine core: a process of its own that owns the engine and steps it in a busy loop.
 
-The server's process sends it commands (add a request, abort requests, call a function
-between two steps, stop) and receives, once per step, one message with every request's
-new tokens and the engine's stats. Nothing crosses but small pickled tuples: see
-``pack`` and ``unpack``.
+The server's processes (its front ends: one, or several that share the port) send it
+commands (add a request, abort requests, call a function between two steps, stop) and
+receive, once per step, one message with their requests' new tokens and the engine's
+stats. Nothing crosses but small pickled tuples: see ``pack`` and ``unpack``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pickle
 import queue
 import signal
 import threading
+from multiprocessing.connection import wait as wait_for_any
 from typing import Callable
 
 from minipaged.entrypoints.engine_bridge import (EngineBridge, RequestProgress, SampleDelta,
@@ -54,76 +55,89 @@ def _portable(error: Exception) -> Exception:
 
 # %% chapters/15_serving.md § The engine core in a process of its own
 class EngineCore:
-    """The one owner of an engine, in the core process: applies the commands that arrive on
-    ``inputs`` between two steps and sends every step's outputs on ``outputs``."""
+    """The one owner of an engine, in the core process: applies the commands its front ends
+    send between two steps, and sends each front end its requests' outputs after every step.
+    ``channels``: an ``(inputs, outputs)`` pair of pipe ends per front end. ``model_name``:
+    keep the server's metrics here (``metrics``), where every front end's requests pass."""
 
-    def __init__(self, engine, inputs, outputs, parent_pid: int | None = None) -> None:
+    def __init__(self, engine, channels: list, parent_pid: int | None = None,
+                 model_name: str | None = None) -> None:
         self.engine = getattr(engine, "llm_engine", engine)
         self.bridge = EngineBridge(self.engine, self.engine.tokenizer)
-        self.inputs, self.outputs, self.parent_pid = inputs, outputs, parent_pid
-        self.running = True
+        self.inputs = [inputs for inputs, _ in channels]
+        self.outputs = [outputs for _, outputs in channels]
+        self.parent_pid, self.running = parent_pid, True
+        self.front_end: dict[str, int] = {}  # request id -> the front end that added it
+        self.metrics = None
+        if model_name is not None:
+            from minipaged.entrypoints.metrics import ServerMetrics
+            self.metrics = ServerMetrics(model_name)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def run(self) -> None:
         sender = threading.Thread(target=self._send_all, name="minipaged-core-sender",
                                   daemon=True)
         sender.start()
-        self.send(("ready", {"max_model_len": self.engine.max_model_len,
-                             "tokenizer": self.bridge.tokenizer}))
+        for front in range(len(self.outputs)):
+            self.send(("ready", {"max_model_len": self.engine.max_model_len,
+                                 "tokenizer": self.bridge.tokenizer}), front)
         while self.running:
-            for message in self._receive(wait=not self.bridge.has_unfinished()):
-                self._apply(message)
+            for front, message in self._receive(wait=not self.bridge.has_unfinished()):
+                self._apply(front, message)
             if self.running and self.bridge.has_unfinished():
                 self._step()
         self._shut_down()
         self._outbox.put(None)
         sender.join()
 
-    def send(self, message: tuple) -> None:
-        self._outbox.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    def send(self, message: tuple, front: int = 0) -> None:
+        self._outbox.put((front, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def _send_all(self) -> None:
-        while (data := self._outbox.get()) is not None:
+        while (item := self._outbox.get()) is not None:
             try:
-                self.outputs.send_bytes(data)
+                self.outputs[item[0]].send_bytes(item[1])
             except OSError:  # the server is gone: stop stepping for nobody
                 self.running = False
                 return
 
     # %% chapters/15_serving.md § The engine core in a process of its own
     def _receive(self, wait: bool) -> list:
-        """Every command waiting on the pipe; when ``wait``, block until one arrives (checking
-        every ``IDLE_WAIT_S`` that the server process still lives)."""
+        """Every command waiting on the pipes, as ``(front end, command)``; when ``wait``,
+        block until one arrives (checking every ``IDLE_WAIT_S`` that the server still lives)."""
         messages = []
         try:
-            while wait and not self.inputs.poll(IDLE_WAIT_S):
+            while wait and not wait_for_any(self.inputs, IDLE_WAIT_S):
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     self.running = False
                     return []
-            while self.inputs.poll():
-                messages.append(pickle.loads(self.inputs.recv_bytes()))
-        except (EOFError, OSError):  # the server closed its end or died
+            for front, inputs in enumerate(self.inputs):
+                while inputs.poll():
+                    messages.append((front, pickle.loads(inputs.recv_bytes())))
+        except (EOFError, OSError):  # a front end closed its end or died: the server is going
             self.running = False
         return messages
 
-    def _apply(self, message: tuple) -> None:
+    def _apply(self, front: int, message: tuple) -> None:
         kind = message[0]
         if kind == "add":
             _, request_id, prompt_ids, params = message
             try:
                 self.bridge.add(request_id, prompt_ids, params)
-                self.send(("added", request_id, None))
+                self.front_end[request_id] = front
+                self.send(("added", request_id, None), front)
             except Exception as error:  # refused: nothing was queued, the others go on
-                self.send(("added", request_id, _portable(error)))
+                self.send(("added", request_id, _portable(error)), front)
         elif kind == "abort":
             for request_id in message[1]:
                 self.bridge.abort(request_id)
+                self.front_end.pop(request_id, None)
         elif kind == "call":
             _, call_id, fn = message
             try:
-                self.send(("result", call_id, fn(self), None))
+                self.send(("result", call_id, fn(self), None), front)
             except Exception as error:
-                self.send(("result", call_id, None, _portable(error)))
+                self.send(("result", call_id, None, _portable(error)), front)
         elif kind == "stop":
             self.running = False
 
@@ -132,33 +146,50 @@ class EngineCore:
         try:
             progress = self.bridge.step()
         except Exception as error:  # the step left the engine as it was: abort its requests
-            failed = list(self.bridge.requests)
-            for request_id in failed:
-                self.bridge.abort(request_id)
-            self.send(("failed", failed, f"{type(error).__name__}: {error}"))
+            reason = f"{type(error).__name__}: {error}"
+            for front, failed in enumerate(self._abort_all()):
+                self.send(("failed", failed, reason), front)
             return
-        self.send(("step", [pack(u) for u in progress], engine_stats(self.engine)))
+        stats = engine_stats(self.engine)
+        if self.metrics is not None:
+            self.metrics.observe(stats, progress)
+        packed = [[] for _ in self.outputs]  # every front end hears of every step: the stats
+        for update in progress:
+            front = self.front_end.get(update.request_id, 0)
+            if update.finished:
+                self.front_end.pop(update.request_id, None)
+            packed[front].append(pack(update))
+        for front, updates in enumerate(packed):
+            self.send(("step", updates, stats), front)
+
+    def _abort_all(self) -> list[list[str]]:
+        """Abort every request in flight (their blocks freed); their ids, per front end."""
+        ids = [[] for _ in self.outputs]
+        for request_id in list(self.bridge.requests):
+            self.bridge.abort(request_id)
+            ids[self.front_end.pop(request_id, 0)].append(request_id)
+        return ids
 
     def _shut_down(self) -> None:
-        """Abort what is in flight (its blocks freed) and say which requests ended so."""
-        aborted = list(self.bridge.requests)
-        for request_id in aborted:
-            self.bridge.abort(request_id)
-        self.send(("closed", aborted))
+        """Abort what is in flight and tell each front end which of its requests ended so."""
+        for front, aborted in enumerate(self._abort_all()):
+            self.send(("closed", aborted), front)
 
 
 # %% chapters/15_serving.md § The engine core in a process of its own
-def run_engine_core(build: Callable, inputs, outputs, parent_pid: int,
-                    inherited: tuple = ()) -> None:
+def run_engine_core(build: Callable, channels: list, parent_pid: int, inherited: tuple = (),
+                    model_name: str | None = None) -> None:
     """The core process's entry point: build the engine, then step it until told to stop.
-    ``inherited``: the server's ends of the pipes, which a forked child must close (else it
-    would never see the server hang up)."""
+    ``channels``: one ``(inputs, outputs)`` pair per front end. ``inherited``: the server's
+    ends of the pipes, which a forked child must close (else it would never see the server
+    hang up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group:
     for end in inherited:                          # the server decides when the core stops
         end.close()
     try:
         engine = build()
     except BaseException as error:
-        outputs.send_bytes(pickle.dumps(("dead", f"{type(error).__name__}: {error}")))
+        for _, outputs in channels:
+            outputs.send_bytes(pickle.dumps(("dead", f"{type(error).__name__}: {error}")))
         raise
-    EngineCore(engine, inputs, outputs, parent_pid).run()
+    EngineCore(engine, channels, parent_pid, model_name).run()

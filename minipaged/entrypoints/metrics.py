@@ -10,7 +10,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["ServerMetrics", "LATENCY_BUCKETS"]
+__all__ = ["ServerMetrics", "LATENCY_BUCKETS", "render_metrics"]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -18,8 +18,9 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 
 
 class ServerMetrics:
-    """Every metric of one server in its own registry; ``observe`` is an engine loop
-    observer (it runs on the loop's thread), ``render`` the text ``/metrics`` serves."""
+    """Every metric of one server in its own registry; ``observe`` runs after every step
+    where the engine steps (the loop's thread, or the core process), and so does
+    ``render``, the text ``/metrics`` serves."""
 
     def __init__(self, model_name: str, prefix: str = "minipaged") -> None:
         self.registry = r = CollectorRegistry()
@@ -58,7 +59,7 @@ class ServerMetrics:
     # %% chapters/15_serving.md § What to measure
     def observe(self, stats, progress) -> None:
         """Update every metric after a step from the engine's ``EngineStats`` and the step's
-        progress (called by whoever owns the engine: its loop thread, or the core's reader)."""
+        progress (called by whoever owns the engine: its loop thread, or the core process)."""
         name = self.model_name
         running, waiting, usage = self._gauges
         running.set(stats.num_running)
@@ -92,3 +93,9 @@ class ServerMetrics:
                 tpot = (done - first) / (update.longest_sample - 1)
                 self.tpot.labels(name).observe(tpot)
                 self.recent_tpot.append(tpot)
+
+
+def render_metrics(owner) -> bytes:
+    """``/metrics``'s text, made where the engine steps and the metrics are kept (``await
+    owner.call(render_metrics)``): the engine core process, or the engine loop's thread."""
+    return owner.metrics.render()

@@ -26,12 +26,12 @@ from starlette.exceptions import HTTPException
 
 import torch
 
-from minipaged.entrypoints.dashboard import DASHBOARD_HTML, block_pool_state, recent_latencies
+from minipaged.entrypoints.dashboard import DASHBOARD_HTML, block_pool_state
 from minipaged.engine.llm_engine import InvalidRequestError
 from minipaged.entrypoints.core_client import EngineCoreClient
 from minipaged.entrypoints.engine_bridge import SampleDelta
 from minipaged.entrypoints.engine_loop import EngineLoop, EngineLoopClosedError, EngineStepError
-from minipaged.entrypoints.metrics import ServerMetrics
+from minipaged.entrypoints.metrics import ServerMetrics, render_metrics
 from minipaged.entrypoints.openai_protocol import (ChatCompletionRequest, CompletionRequest,
                                                    OpenAIError, error_body)
 from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
@@ -341,9 +341,10 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
     requests before new ones get 503."""
     from contextlib import asynccontextmanager
 
-    engine_loop = _engine_owner(llm, engine_core, max_waiting)
-    metrics = ServerMetrics(model_name)
-    engine_loop.observers.append(metrics.observe)
+    engine_loop = _engine_owner(llm, engine_core, max_waiting, model_name)
+    if isinstance(engine_loop, EngineLoop):  # the metrics live where the engine steps
+        engine_loop.metrics = ServerMetrics(model_name)
+        engine_loop.observers.append(engine_loop.metrics.observe)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -354,7 +355,7 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
             engine_loop.stop()
 
     app = FastAPI(title="minipaged", lifespan=lifespan)
-    app.state.engine_loop, app.state.metrics = engine_loop, metrics
+    app.state.engine_loop = engine_loop
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     if api_key is not None:
         app.add_middleware(_RequireKey, api_key=api_key)
@@ -385,28 +386,30 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
                                      media_type="text/event-stream")
         return await _collect(answer, stream)
 
-    _routes(app, serve, model_name, engine_loop, metrics)
+    _routes(app, serve, model_name, engine_loop)
     return app
 
 
 # %% chapters/15_serving.md § The app
-def _engine_owner(llm, engine_core: str, max_waiting: int | None):
-    """The engine's one owner: an ``EngineCoreClient`` (a process) or an ``EngineLoop``."""
+def _engine_owner(llm, engine_core: str, max_waiting: int | None, model_name: str):
+    """The engine's one owner: an ``EngineCoreClient`` (a process) or an ``EngineLoop``;
+    ``llm`` may be one already (``minipaged serve`` starts its core before the app)."""
     if engine_core not in ("auto", "process", "thread"):
         raise ValueError(f"engine_core={engine_core!r}: one of auto, process, thread")
+    if isinstance(llm, (EngineCoreClient, EngineLoop)):
+        return llm
     is_engine = hasattr(getattr(llm, "llm_engine", llm), "step")
     if not is_engine:  # a recipe: only a process of its own can run it
-        return EngineCoreClient(build=llm, max_waiting=max_waiting)
+        return EngineCoreClient(build=llm, model_name=model_name, max_waiting=max_waiting)
     if engine_core == "auto":
         engine_core = "thread" if torch.cuda.is_initialized() else "process"
     if engine_core == "thread":
         return EngineLoop(llm, max_waiting=max_waiting)
-    return EngineCoreClient(llm, max_waiting=max_waiting)
+    return EngineCoreClient(llm, model_name=model_name, max_waiting=max_waiting)
 
 
 # %% chapters/15_serving.md § The app
-def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
-            metrics: ServerMetrics) -> None:
+def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await serve("completion", body, request)
@@ -429,9 +432,15 @@ def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
                               type="server_error")
         return {"status": "ok"}
 
+    async def in_engine(fn):  # fn(owner), run where the engine steps, between two steps
+        try:
+            return await engine_loop.call(fn)
+        except EngineLoopClosedError as error:
+            raise OpenAIError(503, str(error), type="server_error")
+
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(await in_engine(render_metrics), media_type="text/plain; version=0.0.4")
 
     @app.get("/dashboard")
     async def dashboard():
@@ -439,8 +448,4 @@ def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop,
 
     @app.get("/dashboard/state")
     async def dashboard_state():
-        try:
-            state = await engine_loop.call(block_pool_state)  # taken between two steps
-        except EngineLoopClosedError as error:
-            raise OpenAIError(503, str(error), type="server_error")
-        return {**state, **recent_latencies(metrics)}
+        return await in_engine(block_pool_state)
