@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     from minipaged.entrypoints.core_client import EngineCoreClient
     name = args.served_model_name or args.model
-    sock = uvicorn.Config(None, host=args.host, port=args.port).bind_socket()
+    config = uvicorn.Config(None, host=args.host, port=args.port, log_level="warning")
+    sock = config.bind_socket()  # bound once, here; every front end accepts on it
     core = EngineCoreClient(build=functools.partial(build_engine, args), model_name=name,
                             max_waiting=args.max_waiting).start(args.api_server_count)
     spawn = multiprocessing.get_context("spawn")
