@@ -54,3 +54,17 @@ def test_no_code_cell_is_over_60_lines(chapter):
     assert not long, (f"{chapter.name}: code cells over {MAX_CELL_LINES} lines (cell index, "
                       f"lines, first line): {long}; split them at a seam (a module's header "
                       "from its classes, a class from its methods through @add_to_class)")
+
+
+MAX_CHAPTER_LINES = 2000
+LONG_FOR_NOW = {"11_engine"}  # being trimmed; take it off this set once it fits
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.stem)
+def test_no_chapter_is_over_2000_lines(chapter):
+    lines = len(chapter.read_text().splitlines())
+    if chapter.stem in LONG_FOR_NOW:
+        pytest.skip(f"{chapter.name}: {lines} lines, to be trimmed")
+    assert lines <= MAX_CHAPTER_LINES, (
+        f"{chapter.name} has {lines} lines; move measurements and detail to an appendix, or "
+        "split the chapter")

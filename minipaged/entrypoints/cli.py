@@ -1,7 +1,7 @@
-# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/15_serving.md § minipaged serve
+# %% chapters/16_openai_server.md § minipaged serve
 """``minipaged serve MODEL``: the OpenAI-compatible server on the command line."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def load_tokenizer(name: str | None):
     return AutoTokenizer.from_pretrained(name)
 
 
-# %% chapters/15_serving.md § minipaged serve
+# %% chapters/16_openai_server.md § minipaged serve
 def _load_dtype(name: str, device):
     """The dtype to build or load the model in: the device's own for ``auto``, else full
     precision, which ``LLM(dtype=name)`` then casts to the dtype asked for."""
@@ -100,7 +100,7 @@ def build_engine(args):
                enable_prefix_caching=args.enable_prefix_caching)
 
 
-# %% chapters/15_serving.md § minipaged serve
+# %% chapters/16_openai_server.md § minipaged serve
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]
