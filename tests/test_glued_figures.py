@@ -680,3 +680,35 @@ def test_ch11_the_cpu_engines_are_level_within_the_spread_of_their_repeats():
             ours, theirs = row["engine_tok_s"], row["transformers_tok_s"]
             # the two engines' ranges of repeats overlap
             assert max(ours) >= min(theirs) and max(theirs) >= min(ours), (name, row["batch"])
+
+
+def test_ch15_appendix_serving_the_core_process_pays_and_the_sweep_stays_within_its_slo():
+    """Chapter 15 and the appendix's serving notes: with a loop thread the engine "stepped about a
+    third as often as it could"; the engine core process delivers a larger share of the engine's
+    throughput (on the GPU and on the CPU proxy, with and without a device wait) and a lower TTFT
+    on the CPU proxy; a stream's chunks are further apart than its tokens; "every rate of the
+    sweep meets the SLO"; "the small budget raised both latencies"."""
+    import statistics
+
+    thread, core = record("serve_h200.json"), record("serve_h100_core_process.json")
+    share = lambda run: run["saturated"]["output_throughput"] / run["inprocess"]["tok_per_s"]  # noqa: E731
+    assert 0.25 < share(thread) < 0.4 < share(core)
+    assert core["saturated"]["itl_ms"]["median"] > core["saturated"]["tpot_ms"]["median"]
+    slo = thread["slo"]
+    assert all(r["ttft_ms"]["p99"] <= slo["ttft_p99_ms"] and r["tpot_ms"]["p99"] <= slo["tpot_p99_ms"]
+               for r in thread["sweep"])
+    assert thread["highest_rate_within_slo"] == max(r["request_rate"] for r in thread["sweep"])
+    small, large = sorted(thread["budget_sweep"], key=lambda b: b["max_num_batched_tokens"])
+    for key in ("ttft_ms", "tpot_ms"):
+        assert small[key]["median"] > large[key]["median"] and small[key]["p99"] > large[key]["p99"]
+    for name in ("serve_cpu_proxy.json", "serve_cpu_proxy_device6.json"):
+        runs = record(name)["served"]
+        median = lambda mode, f: statistics.median(f(r) for r in runs if r["mode"] == mode)  # noqa: E731
+        ratio = lambda r: r["ratio_to_inprocess"]  # noqa: E731
+        assert median("process", ratio) > median("thread", ratio), name
+        assert (median("process", lambda r: r["itl_ms"]["median"])
+                < median("thread", lambda r: r["itl_ms"]["median"])), name
+    runs = record("serve_cpu_proxy.json")["served"]
+    ttft = {m: statistics.median(r["ttft_ms"]["median"] for r in runs if r["mode"] == m)
+            for m in ("thread", "process")}
+    assert ttft["process"] < ttft["thread"]

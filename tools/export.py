@@ -110,9 +110,10 @@ LAYERS = {
     "engine": "The serving engine: the scheduler, the model runner, sampling, detokenizing and "
               "the engine core that steps them, the fused sampler and the overlapped loop "
               "(chapters 10, 11, 13, 14).",
-    "entrypoints": "How the engine is used: the offline `LLM` (chapter 14) and the "
-                   "OpenAI-compatible server with its engine loop, metrics and dashboard "
-                   "(chapter 15).",
+    "entrypoints": "How the engine is used: the offline `LLM` (chapter 14), the engine loop "
+                   "and the engine core process that own the engine for a server (chapter 15), "
+                   "and the OpenAI-compatible server with its metrics and dashboard "
+                   "(chapter 16).",
     "book": "Helpers of the book itself, not of the engine: notebook glue, the fragmentation "
             "simulator and the FP8 accuracy experiments (chapters 0, 2 and 12).",
 }

@@ -27,6 +27,7 @@ UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
 
+# %% chapters/14_prefill_and_overlap.md § Host work off the critical path
 class OverlapScheduler(Scheduler):
     """Chapter 10's scheduler, able to commit a decode step before its tokens are known."""
 

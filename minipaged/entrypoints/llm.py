@@ -55,6 +55,7 @@ def _engine_device(model, device) -> torch.device:
     return default_device()
 
 
+# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 class LLM:
     """Offline generation on a paged KV cache, with vLLM's ``LLM`` API.
 
@@ -102,6 +103,7 @@ class LLM:
             enable_cuda_graphs=enable_cuda_graphs, check_invariants=check_invariants,
             attention_backend=backend)
 
+    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -121,27 +123,15 @@ class LLM:
         them: each is rendered by the tokenizer's chat template with the assistant's turn
         opened (``add_generation_prompt=True``), then generated for; ``prompt`` of each
         output is the rendered text. ``chat_template_kwargs`` go to the template."""
-        tokenizer = self.tokenizer
-        if tokenizer is None:
-            raise ValueError("chat() needs a tokenizer: pass tokenizer= to LLM, or use "
-                             "generate() with token ids")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template: set "
-                             "tokenizer.chat_template, or use generate() with a prompt")
-        one = isinstance(messages, (list, tuple)) and messages and isinstance(messages[0],
-                                                                              dict)
-        conversations = [messages] if one else list(messages)
-        texts = [tokenizer.apply_chat_template(list(c), tokenize=False,
-                                               add_generation_prompt=True,
-                                               **(chat_template_kwargs or {}))
-                 for c in conversations]
+        texts = _chat_prompts(self.tokenizer, messages, chat_template_kwargs)
         # the template writes its special tokens itself: none added when tokenizing
-        ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        ids = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         outputs = self.llm_engine.generate(ids, sampling_params, use_tqdm)
         for output, text in zip(outputs, texts):
             output.prompt = text
         return outputs
 
+    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue one prompt; returns its request id, ``request_id`` if given (nothing is
@@ -169,6 +159,7 @@ class LLM:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.llm_engine.last_run_stats()
 
+    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     @property
     def model(self):
         """The model the engine runs (chapter 13's ``FastQwen3Model``, prefilling with
@@ -203,3 +194,20 @@ class LLM:
     def overlapped_steps(self) -> int:
         """Steps that were launched before the previous step's tokens were read."""
         return getattr(self.llm_engine.loop, "overlapped_steps", 0)
+
+
+# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+def _chat_prompts(tokenizer, messages, chat_template_kwargs: dict | None) -> list[str]:
+    """One conversation (a list of ``{"role", "content"}`` dicts) or a list of them, each
+    rendered by ``tokenizer``'s chat template with the assistant's turn opened."""
+    if tokenizer is None:
+        raise ValueError("chat() needs a tokenizer: pass tokenizer= to LLM, or use "
+                         "generate() with token ids")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the tokenizer has no chat template: set "
+                         "tokenizer.chat_template, or use generate() with a prompt")
+    one = isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict)
+    conversations = [messages] if one else list(messages)
+    return [tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True,
+                                          **(chat_template_kwargs or {}))
+            for c in conversations]
