@@ -69,8 +69,10 @@ test-exercises: $(STAMP)
 check-exercises: $(STAMP)
 	@$(PY) tools/exercise_report.py --answers exercises $(CH)
 
+# Progress bars (tqdm writes them to stderr) are not part of a page: the build drops stderr and
+# warns about each cell that wrote any (_config.yml), so that a real warning is seen.
 book: export
-	$(VENV)/bin/jupyter-book build .
+	TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build .
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
 gpu-test: $(STAMP)

@@ -168,13 +168,16 @@ def test_a_sample_of_n_that_stops_early_reports_its_finish_at_once():
 
 def test_two_front_ends_share_one_core_and_each_hears_only_of_its_own_requests():
     from minipaged.engine.scheduler import SamplingParams
-    from minipaged.entrypoints.metrics import render_metrics
+    from functools import partial
+
+    from minipaged.entrypoints.metrics import ServerMetrics, render_metrics
 
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[1 + i, 2, 3, 4 + i] for i in range(6)]
     # spawned, as minipaged serve starts it (and immune to a fork of torch's thread pool)
-    first = EngineCoreClient(build=new_engine, model_name="tiny").start(front_ends=2)
-    second = EngineCoreClient(channel=first.spare_channels[0], model_name="tiny").start()
+    first = EngineCoreClient(build=new_engine, metrics=partial(ServerMetrics, "tiny"))
+    first.start(front_ends=2)
+    second = EngineCoreClient(channel=first.spare_channels[0]).start()
     heard = {id(first): set(), id(second): set()}
     for front in (first, second):
         front.observers.append(lambda stats, progress, key=id(front):

@@ -102,9 +102,11 @@ def test_recording_a_run_updates_its_chapters_and_keeps_the_others(tmp_path):
 def test_every_entry_of_the_recorded_ledger_is_a_green_run_with_its_provenance():
     ledger = gpu_status.load_ledger()
     assert ledger["chapters"]
-    for entry in ledger["chapters"].values():
+    chapters = Path(__file__).resolve().parent.parent / "chapters"
+    for name, entry in ledger["chapters"].items():
         assert {"device", "date", "command", "commit", "passed", "failed", "sha256"} <= entry.keys()
-        assert entry["failed"] == 0 and entry["passed"] > 0
+        has_code = "```{code-cell}" in (chapters / f"{name}.md").read_text()
+        assert entry["failed"] == 0 and (entry["passed"] > 0 or not has_code), name
 
 
 def test_compile_targets_without_a_gpu_says_so_and_compiles_nothing():

@@ -112,7 +112,7 @@ def serve_front_end(args, core, sock, others: list = ()) -> None:
     when this one is (a SIGTERM reaches only the process it is sent to)."""
     import uvicorn
     from minipaged.entrypoints.openai_server import create_app
-    app = create_app(core, model_name=core.model_name, api_key=args.api_key,
+    app = create_app(core, model_name=args.served_model_name or args.model, api_key=args.api_key,
                      max_waiting=args.max_waiting)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     exit_uvicorn = server.handle_exit
@@ -133,8 +133,7 @@ def serve_front_end(args, core, sock, others: list = ()) -> None:
 def _front_end_process(args, sock, channel) -> None:
     """The entry point of a front end beyond the first: it attaches to the running core."""
     from minipaged.entrypoints.core_client import EngineCoreClient
-    core = EngineCoreClient(channel=channel, model_name=args.served_model_name or args.model,
-                            max_waiting=args.max_waiting)
+    core = EngineCoreClient(channel=channel, max_waiting=args.max_waiting)
     serve_front_end(args, core, sock)
 
 
@@ -151,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
     from minipaged.entrypoints.core_client import EngineCoreClient
+    from minipaged.entrypoints.metrics import ServerMetrics
     name = args.served_model_name or args.model
     config = uvicorn.Config(None, host=args.host, port=args.port, log_level="warning")
     sock = config.bind_socket()  # bound once, here; every front end accepts on it
-    core = EngineCoreClient(build=functools.partial(build_engine, args), model_name=name,
+    core = EngineCoreClient(build=functools.partial(build_engine, args),
+                            metrics=functools.partial(ServerMetrics, name),
                             max_waiting=args.max_waiting).start(args.api_server_count)
     spawn = multiprocessing.get_context("spawn")
     others = [spawn.Process(target=_front_end_process, args=(args, sock, channel),

@@ -120,12 +120,12 @@ class EngineCoreClient:
     here, which the core inherits (the process is forked); or ``build``: a function the
     core calls to build one (spawned: the way on a GPU, where CUDA rules out forking); or
     ``channel``: a core another front end started (one of its ``spare_channels``).
-    ``model_name``: the core keeps the server's metrics under that name. ``max_waiting``:
+    ``metrics``: a function that makes the server's metrics in the core. ``max_waiting``:
     ``queue_full()`` once that many requests wait. ``observers``: callables ``(stats,
     progress)`` run here after every step."""
 
     def __init__(self, engine=None, *, build: Callable | None = None,
-                 channel: tuple | None = None, model_name: str | None = None,
+                 channel: tuple | None = None, metrics: Callable | None = None,
                  max_waiting: int | None = None, ready_timeout: float = 600.0) -> None:
         if sum(x is not None for x in (engine, build, channel)) != 1:
             raise TypeError("give one of: an engine, a function that builds one, a channel")
@@ -133,7 +133,7 @@ class EngineCoreClient:
         self.start_method = "fork" if engine is not None else "spawn"
         self._build = build or (lambda: engine)  # a forked child needs no pickling
         self.channel, self.spare_channels = channel, []
-        self.model_name, self.tokenizer = model_name, getattr(engine, "tokenizer", None)
+        self.metrics, self.tokenizer = metrics, getattr(engine, "tokenizer", None)
         self.max_model_len = getattr(engine, "max_model_len", None)
         self.max_waiting, self.ready_timeout = max_waiting, ready_timeout
         self.observers: list[Callable] = []
@@ -181,7 +181,7 @@ class EngineCoreClient:
             inherited = [end for pair in ours for end in pair] if self.start_method == "fork" else []
             self.process = context.Process(
                 target=run_engine_core, name="minipaged-engine-core", daemon=True,
-                args=(self._build, theirs, os.getpid(), inherited, self.model_name))
+                args=(self._build, theirs, os.getpid(), inherited, self.metrics))
             with warnings.catch_warnings():  # Python warns that forking a threaded process may
                 warnings.simplefilter("ignore", DeprecationWarning)  # deadlock; the child runs
                 self.process.start()                                 # only the core's code

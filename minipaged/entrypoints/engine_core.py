@@ -57,21 +57,19 @@ def _portable(error: Exception) -> Exception:
 class EngineCore:
     """The one owner of an engine, in the core process: applies the commands its front ends
     send between two steps, and sends each front end its requests' outputs after every step.
-    ``channels``: an ``(inputs, outputs)`` pair of pipe ends per front end. ``model_name``:
-    keep the server's metrics here (``metrics``), where every front end's requests pass."""
+    ``channels``: an ``(inputs, outputs)`` pair of pipe ends per front end. ``metrics``: a
+    function that makes the server's metrics, kept here (an object with ``observe(stats,
+    progress)``), where every front end's requests pass."""
 
     def __init__(self, engine, channels: list, parent_pid: int | None = None,
-                 model_name: str | None = None) -> None:
+                 metrics: Callable | None = None) -> None:
         self.engine = getattr(engine, "llm_engine", engine)
         self.bridge = EngineBridge(self.engine, self.engine.tokenizer)
         self.inputs = [inputs for inputs, _ in channels]
         self.outputs = [outputs for _, outputs in channels]
         self.parent_pid, self.running = parent_pid, True
         self.front_end: dict[str, int] = {}  # request id -> the front end that added it
-        self.metrics = None
-        if model_name is not None:
-            from minipaged.entrypoints.metrics import ServerMetrics
-            self.metrics = ServerMetrics(model_name)
+        self.metrics = metrics() if metrics is not None else None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def run(self) -> None:
@@ -178,7 +176,7 @@ class EngineCore:
 
 # %% chapters/15_serving.md § The engine core in a process of its own
 def run_engine_core(build: Callable, channels: list, parent_pid: int, inherited: tuple = (),
-                    model_name: str | None = None) -> None:
+                    metrics: Callable | None = None) -> None:
     """The core process's entry point: build the engine, then step it until told to stop.
     ``channels``: one ``(inputs, outputs)`` pair per front end. ``inherited``: the server's
     ends of the pipes, which a forked child must close (else it would never see the server
@@ -192,4 +190,4 @@ def run_engine_core(build: Callable, channels: list, parent_pid: int, inherited:
         for _, outputs in channels:
             outputs.send_bytes(pickle.dumps(("dead", f"{type(error).__name__}: {error}")))
         raise
-    EngineCore(engine, channels, parent_pid, model_name).run()
+    EngineCore(engine, channels, parent_pid, metrics).run()

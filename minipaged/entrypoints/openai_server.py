@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -400,12 +401,14 @@ def _engine_owner(llm, engine_core: str, max_waiting: int | None, model_name: st
         return llm
     is_engine = hasattr(getattr(llm, "llm_engine", llm), "step")
     if not is_engine:  # a recipe: only a process of its own can run it
-        return EngineCoreClient(build=llm, model_name=model_name, max_waiting=max_waiting)
+        return EngineCoreClient(build=llm, metrics=partial(ServerMetrics, model_name),
+                                max_waiting=max_waiting)
     if engine_core == "auto":
         engine_core = "thread" if torch.cuda.is_initialized() else "process"
     if engine_core == "thread":
         return EngineLoop(llm, max_waiting=max_waiting)
-    return EngineCoreClient(llm, model_name=model_name, max_waiting=max_waiting)
+    return EngineCoreClient(llm, metrics=partial(ServerMetrics, model_name),
+                            max_waiting=max_waiting)
 
 
 # %% chapters/16_openai_server.md § The app
