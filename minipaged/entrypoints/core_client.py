@@ -296,7 +296,8 @@ class EngineCoreClient:
 
     # %% chapters/15_serving.md § The engine core in a process of its own
     def _gone(self) -> None:
-        self.process.join(5)
+        if not self._closing:  # stop() joins a core it stopped: one thread waits, never two
+            self.process.join(5)
         with self._lock:
             self._alive, futures = False, list(self._futures.values())
             self._futures.clear()
