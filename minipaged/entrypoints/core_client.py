@@ -315,7 +315,7 @@ class EngineCoreClient:
 
     # %% chapters/15_serving.md § The engine core in a process of its own
     def _gone(self) -> None:
-        if self.process is not None:
+        if self.process is not None and not self._closing:  # stop() joins a core it stopped
             self.process.join(5)
         with self._lock:
             self._alive, futures = False, list(self._futures.values())
