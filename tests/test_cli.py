@@ -17,24 +17,33 @@ from tests.serving import free_port
 httpx = pytest.importorskip("httpx")
 
 
-def test_serve_answers_then_exits_cleanly_on_sigterm():
+def start_serve(*options: str) -> tuple[subprocess.Popen, str]:
+    """``minipaged serve`` on the tiny random model in a process of its own, once it answers
+    /health: the process and its URL."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cli.Path(__file__).parent.parent)}
     process = subprocess.Popen(
         [sys.executable, "-m", "minipaged", "serve", "random:tiny", "--port", str(port),
-         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64"],
+         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64", *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(process.stdout.read())
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the server did not come up")
+        time.sleep(0.5)
+
+
+def test_serve_answers_then_exits_cleanly_on_sigterm():
+    process, url = start_serve()
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.5)
         answer = httpx.post(url + "/v1/completions", timeout=120, json={
             "model": "random:tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).json()
         assert answer["usage"]["completion_tokens"] == 2
@@ -43,31 +52,15 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
         assert not lingering(children), "a child outlived the server"
-        assert f"http://127.0.0.1:{port}/v1" in process.stdout.read()
+        assert f"{url}/v1" in process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()
 
 
 def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cli.Path(__file__).parent.parent)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minipaged", "serve", "random:tiny", "--port", str(port),
-         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64",
-         "--api-server-count", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process, url = start_serve("--api-server-count", "2")
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.5)
         spawned = [pid for pid in children_of(process.pid) if b"multiprocessing.spawn"
                    in cli.Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(spawned) == 2, "the engine core and a second API server process"
@@ -81,10 +74,7 @@ def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
             in metrics
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
-        deadline = time.monotonic() + 30
-        while [pid for pid in spawned if running(pid)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not lingering(spawned), "a child outlived the server"
+        assert not lingering(spawned, grace=30), "a child outlived the server"
         assert "with 2 API server processes" in process.stdout.read()
     finally:
         if process.poll() is None:
