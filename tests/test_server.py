@@ -262,7 +262,7 @@ def test_a_stop_string_split_across_chunks_never_appears(scripted, tokenizer, in
     assert "".join(texts).count(stop) == (1 if include else 0)
     if not include:  # the "s" waited until the "." showed it starts the stop string (a
         # stream that fell behind the engine core gets its last steps merged into one chunk)
-        assert texts[-2:] == [" work", ""] or texts[-1].endswith(" work"), texts
+        assert [t for t in texts if t][-1].endswith(" work"), texts
 
 
 def test_chat_logprobs_carry_the_bytes_of_a_split_character(scripted):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import shutil
 import subprocess
@@ -46,46 +47,50 @@ def render(url: str, screenshot: Path | None, dom: Path | None, timeout: float =
                        capture_output=True, timeout=timeout, check=True)
 
 
-async def load(base_url: str, requests: int, concurrency: int, started: threading.Event,
-               seed: int = 0) -> None:
-    """Streamed requests that share a 24-token prefix, ``concurrency`` at a time;
-    ``started`` is set when the first one finishes."""
+async def load(base_url: str, concurrency: int, started: threading.Event,
+               done: threading.Event, most: int = 400, seed: int = 0) -> None:
+    """Streamed requests that share a 24-token prefix, ``concurrency`` at a time, until ``done``
+    is set (at most ``most`` requests); ``started`` is set when the first one finishes."""
     import httpx
 
     rng = random.Random(seed)
     prefix = [rng.randrange(1, 512) for _ in range(24)]
-    gate = asyncio.Semaphore(concurrency)
+    sent = itertools.count()
 
-    async def one(client):
-        body = {"model": "random:tiny", "max_tokens": 160, "temperature": 0, "stream": True,
-                "ignore_eos": True,
-                "prompt": prefix + [rng.randrange(1, 512) for _ in range(rng.randrange(2, 30))]}
-        async with gate:
+    async def worker(client):
+        while not done.is_set() and next(sent) < most:
+            body = {"model": "random:tiny", "max_tokens": 160, "temperature": 0, "stream": True,
+                    "ignore_eos": True,
+                    "prompt": prefix + [rng.randrange(1, 512) for _ in range(rng.randrange(2, 30))]}
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 async for _ in response.aiter_lines():
                     pass
-        started.set()  # one request finished: the page has latencies to show
+            started.set()  # one request finished: the page has latencies to show
 
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-        await asyncio.gather(*(one(client) for _ in range(requests)))
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
 
 
-def snapshot(screenshot: Path | None, dom: Path | None, requests: int = 24,
-             concurrency: int = 8) -> None:
+def snapshot(screenshot: Path | None, dom: Path | None, concurrency: int = 8) -> None:
+    """Render /dashboard while a load keeps ``concurrency`` requests in flight: the load goes
+    on until the page is rendered, however long Chromium takes to start."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     command = server_command("random:tiny", port, {"block_size": 4, "max_num_seqs": 8,
                                                    "num_gpu_blocks_override": 256})
     log = Path(screenshot or dom).with_suffix(".server.log")
     with running_server(command, base_url, log, ready_timeout=120):
-        started = threading.Event()
+        started, done = threading.Event(), threading.Event()
         loader = threading.Thread(target=lambda: asyncio.run(
-            load(base_url, requests, concurrency, started)), daemon=True)
+            load(base_url, concurrency, started, done)), daemon=True)
         loader.start()
-        if not started.wait(300):
-            raise RuntimeError("no request finished within 300 s")
-        render(base_url + "/dashboard", screenshot, dom)
-        loader.join(600)
+        try:
+            if not started.wait(300):
+                raise RuntimeError("no request finished within 300 s")
+            render(base_url + "/dashboard", screenshot, dom)
+        finally:
+            done.set()
+            loader.join(600)
     log.unlink(missing_ok=True)
 
 
