@@ -17,14 +17,16 @@ from tests.serving import free_port
 httpx = pytest.importorskip("httpx")
 
 
-def start_serve(*options: str) -> tuple[subprocess.Popen, str]:
-    """``minipaged serve`` on the tiny random model in a process of its own, once it answers
-    /health: the process and its URL."""
+TINY = ("--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64")
+
+
+def start_serve(model: str = "random:tiny", options=TINY) -> tuple[subprocess.Popen, str]:
+    """``minipaged serve model`` (by default the tiny random model, with a small pool) in a
+    process of its own, once it answers /health: the process and its URL."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cli.Path(__file__).parent.parent)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "minipaged", "serve", "random:tiny", "--port", str(port),
-         "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "64", *options],
+        [sys.executable, "-m", "minipaged", "serve", model, "--port", str(port), *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
     while True:
@@ -59,7 +61,7 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
 
 
 def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
-    process, url = start_serve("--api-server-count", "2")
+    process, url = start_serve(options=(*TINY, "--api-server-count", "2"))
     try:
         spawned = [pid for pid in children_of(process.pid) if b"multiprocessing.spawn"
                    in cli.Path(f"/proc/{pid}/cmdline").read_bytes()]
