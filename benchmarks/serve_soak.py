@@ -34,6 +34,30 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError):  # it ended meanwhile
+            continue
+    return found
+
+
+def memory_sample(after: int, pid: int) -> dict:
+    """The server's resident memory: the front end's, and with its children's (the engine
+    core runs in a child process)."""
+    total = rss_mib(pid)
+    for child in children(pid):
+        try:
+            total += rss_mib(child)
+        except (OSError, RuntimeError):
+            continue
+    return {"after_requests": after, "rss_mib": total, "front_end_rss_mib": rss_mib(pid)}
+
+
 def pool_problems(state: dict) -> list[str]:
     """What is wrong with a ``/dashboard/state`` snapshot taken when nothing runs (empty: nothing)."""
     problems = []
@@ -56,7 +80,7 @@ async def soak(base_url: str, model: str, requests: int, concurrency: int, seed:
     cut = set(rng.sample(range(requests), requests // 3))
     cut_at = {i: rng.randrange(1, 6) for i in cut}  # the chunk after which the client leaves
     outcome = {"completed": 0, "cut": 0, "failed": 0}
-    memory = [{"after_requests": 0, "rss_mib": rss_mib(pid)}]
+    memory = [memory_sample(0, pid)]
     gate = asyncio.Semaphore(concurrency)
     finished = 0
 
@@ -87,7 +111,7 @@ async def soak(base_url: str, model: str, requests: int, concurrency: int, seed:
             finally:
                 finished += 1
                 if finished % (requests // 4) == 0:
-                    memory.append({"after_requests": finished, "rss_mib": rss_mib(pid)})
+                    memory.append(memory_sample(finished, pid))
 
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
         start = time.perf_counter()
