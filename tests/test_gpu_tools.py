@@ -20,9 +20,9 @@ def test_per_chapter_counts_cells_and_hashes_the_chapter(tmp_path):
     a, b = tmp_path / "01_a.md", tmp_path / "02_b.md"
     a.write_text("a"), b.write_text("b")
     (tmp_path / "junit.xml").write_text(JUNIT)
-    results = run_chapters.per_chapter([a, b], tmp_path / "junit.xml")
-    assert results["01_a"] == {"passed": 1, "failed": 1, "seconds": 2.0, "ok": False,
-                               "sha256": hashlib.sha256(b"a").hexdigest()}
+    results = run_chapters.per_chapter([a, b], tmp_path / "junit.xml", real_model=True)
+    assert results["01_a"] == {"passed": 1, "failed": 1, "skipped": 0, "seconds": 2.0,
+                               "ok": False, "sha256": hashlib.sha256(b"a").hexdigest()}
     assert results["02_b"]["ok"] and results["02_b"]["passed"] == 1
 
 
@@ -31,9 +31,41 @@ def test_a_page_without_code_cells_is_ok_with_nothing_run_but_a_chapter_is_not(t
     prose.write_text("# Only prose\n")
     code.write_text("# Code\n\n```{code-cell} ipython3\n1\n```\n")
     (tmp_path / "junit.xml").write_text("<testsuites><testsuite></testsuite></testsuites>")
-    results = run_chapters.per_chapter([prose, code], tmp_path / "junit.xml")
+    results = run_chapters.per_chapter([prose, code], tmp_path / "junit.xml", real_model=True)
     assert results["93_prose"]["ok"] and results["93_prose"]["passed"] == 0
     assert not results["04_code"]["ok"]  # a chapter whose cells never ran is not green
+
+
+REAL_MODEL_CHAPTER = """# Real
+
+```{code-cell} ipython3
+x = 1
+```
+
+```{code-cell} ipython3
+if real_model_available():
+    print("Paris")
+else:
+    print(f"skipped: the real model {REAL_MODEL_ID} is not installed")
+```
+"""
+
+
+def test_a_cell_that_needs_the_real_model_is_skipped_where_it_is_missing(tmp_path):
+    chapter = tmp_path / "09_real.md"
+    chapter.write_text(REAL_MODEL_CHAPTER)
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="09_real.ipynb" name="Cell 0" time="1"/>'
+        '<testcase classname="09_real.ipynb" name="Cell 1" time="1"/></testsuite></testsuites>')
+    without = run_chapters.per_chapter([chapter], tmp_path / "junit.xml", real_model=False)
+    assert (without["09_real"]["passed"], without["09_real"]["skipped"]) == (1, 1)
+    assert without["09_real"]["ok"]
+    present = run_chapters.per_chapter([chapter], tmp_path / "junit.xml", real_model=True)
+    assert (present["09_real"]["passed"], present["09_real"]["skipped"]) == (2, 0)
+    ledger = gpu_status.new_ledger()
+    gpu_status.fold(ledger, gpu_run("2026-01-01T00:00:00Z", without), "r.json")
+    assert gpu_status.status(chapter, ledger) == (
+        True, "green on GPU 2026-01-01 (1 cells, 1 skipped: no real model there)")
 
 
 def gpu_run(date, chapters, **extra):

@@ -27,7 +27,7 @@ WHAT = ("For each chapter, its latest GPU run that passed every cell (tools/gpu_
         "chapter's green one; 'compile_targets': the latest run of tools/compile_targets.py. "
         "Each run's own JSON is in git history under the name in 'run'.")
 UPDATED_BY = "python tools/gpu_status.py --record gpu-out/gpu_run_<date>.json"
-CELLS = ("passed", "failed", "seconds", "sha256")
+CELLS = ("passed", "failed", "skipped", "seconds", "sha256")
 PROVENANCE = ("device", "date", "command", "commit", "software", "note")
 
 
@@ -88,7 +88,10 @@ def status(chapter: Path, ledger: dict) -> tuple[bool, str]:
     if failure is not None and failure.get("sha256") == digest:
         return False, f"FAILED {failure['failed']} cell(s) on {failure['device']} {failure['date'][:10]}"
     if green is not None and green.get("sha256") == digest:
-        return True, f"green on {green['device']} {green['date'][:10]} ({green['passed']} cells)"
+        skipped = (f", {green['skipped']} skipped: no real model there"
+                   if green.get("skipped") else "")
+        return True, (f"green on {green['device']} {green['date'][:10]} "
+                      f"({green['passed']} cells{skipped})")
     if green is not None:
         return False, f"CHANGED since its last green GPU run ({green['date'][:10]})"
     if failure is not None:
