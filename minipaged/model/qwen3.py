@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import itertools
 import os
 import shutil
@@ -692,12 +693,15 @@ def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
     """
     tokens, logits = [], []
     device = hf_model.device
+    # transformers 5.25 renamed the forward's cache argument and output from past_key_values
+    cache = "cache" if "cache" in inspect.signature(hf_model.forward).parameters \
+        else "past_key_values"
     for prompt in prompts:
         ids, past, chosen, steps = torch.tensor([prompt], device=device), None, [], []
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                out = hf_model(ids, past_key_values=past, use_cache=True)
-                past, step_logits = out.past_key_values, out.logits[0, -1].float()
+                out = hf_model(ids, use_cache=True, **{cache: past})
+                past, step_logits = out[cache], out.logits[0, -1].float()
                 chosen.append(int(step_logits.argmax()))
                 steps.append(step_logits.cpu())
                 ids = torch.tensor([[chosen[-1]]], device=device)
