@@ -11,13 +11,12 @@ def query_tiles(query_lens: list[int], block_m: int) -> list[tuple[int, int]]:
                               "(edit exercises/ch14_prefill_and_overlap.py, query_tiles)")
 
 
-def plannable(running: list[tuple[int, int, int]], num_waiting: int, num_swapped: int,
-              free_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> bool:
-    """Exercise 14.2: whether the next step is sure to be a plain decode step.
-
-    ``running`` holds one ``(prompt tokens, output tokens, computed tokens)`` per running
-    sequence; ``free_blocks`` is what the scheduler may still claim (after its watermark).
-    """
-    raise NotImplementedError("Exercise 14.2: return True only when nothing but one decode "
-                              "token per running sequence can be scheduled "
-                              "(edit exercises/ch14_prefill_and_overlap.py, plannable)")
+def exposing_states() -> dict[str, dict]:
+    """Exercise 14.2: for each wrong planner of the exercise ("ignores_swapped",
+    "ignores_waiting", "any_waiting_blocks", "one_free_block", "first_token_too",
+    "outputs_mean_decoding", "ignores_budget"), a scheduler state on which it answers
+    otherwise than the chapter's rule: a dict with the keys ``running`` (one ``(prompt tokens,
+    output tokens, computed tokens)`` per running sequence), ``num_waiting``, ``num_swapped``,
+    ``free_blocks``, ``max_num_seqs`` and ``max_num_batched_tokens``."""
+    raise NotImplementedError("Exercise 14.2: find a state that exposes each wrong planner "
+                              "(edit exercises/ch14_prefill_and_overlap.py, exposing_states)")
