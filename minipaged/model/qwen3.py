@@ -683,19 +683,15 @@ def greedy_generate(model: Qwen3PagedModel, cache: PagedKVCache,
 # %% chapters/09_qwen3.md § Generating: prefill, then paged decode
 def reference_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy decoding with transformers' own forward, per prompt (no padding), with logits.
-
-    Returns the new tokens of each prompt and, per prompt, a [max_new_tokens, vocab]
-    fp32 tensor. transformers keeps a contiguous (non-paged) cache: the contiguous
-    baseline. Like ``greedy_generate`` it ignores end-of-sequence, and it takes the
-    argmax of the raw logits (``generate(min_new_tokens=...)`` would instead forbid the
-    EOS token, so the two would part at the first EOS).
-    """
+    """Greedy decoding with transformers' own forward and its contiguous (non-paged) cache,
+    per prompt (no padding): the new tokens of each prompt and, per prompt, their
+    [max_new_tokens, vocab] fp32 logits. Like ``greedy_generate`` it ignores end-of-sequence
+    and takes the argmax of the raw logits (``generate(min_new_tokens=...)`` would forbid
+    the EOS token instead, so the two would part at the first EOS)."""
     tokens, logits = [], []
     device = hf_model.device
-    # transformers 5.25 renamed the forward's cache argument and output from past_key_values
-    cache = "cache" if "cache" in inspect.signature(hf_model.forward).parameters \
-        else "past_key_values"
+    cache = ("cache" if "cache" in inspect.signature(hf_model.forward).parameters
+             else "past_key_values")  # the name before transformers 5.25
     for prompt in prompts:
         ids, past, chosen, steps = torch.tensor([prompt], device=device), None, [], []
         with torch.no_grad():
