@@ -24,8 +24,17 @@ def answers_dir() -> Path:
 def load(name: str) -> ModuleType:
     """Import `<folder>/<name>.py`, the folder chosen by $MINIPAGED_ANSWERS (default: exercises)."""
     folder = answers_dir()
-    path = folder / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{folder.name}_{name}", path)
+    return _import(folder / f"{name}.py", f"{folder.name}_{name}")
+
+
+def reference(name: str) -> ModuleType:
+    """Import the reference solution `solutions/<name>.py`, whatever $MINIPAGED_ANSWERS says:
+    the graders' own tests pass it through the grading."""
+    return _import(ROOT / "solutions" / f"{name}.py", f"reference_{name}")
+
+
+def _import(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

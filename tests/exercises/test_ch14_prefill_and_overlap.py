@@ -5,7 +5,7 @@ import torch
 
 from minipaged.kernels.prefill_attention import PrefillPlan  # before triton: the interpreter switch
 from minipaged.model.qwen3 import ForwardBatch
-from tests.exercises.answers import load
+from tests.exercises.answers import load, reference
 
 ex = load("ch14_prefill_and_overlap")
 
@@ -150,21 +150,10 @@ def test_14_2_a_state_exposes_the_wrong_planner(wrong):
     exposes(wrong, states[wrong])
 
 
-def load_reference():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "solutions" / "ch14_prefill_and_overlap.py"
-    spec = importlib.util.spec_from_file_location("reference_ch14_prefill_and_overlap", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.grader
 @pytest.mark.parametrize("wrong", WRONG_PLANNERS)
 def test_14_2_the_grader_passes_the_reference(wrong):
-    exposes(wrong, load_reference().exposing_states()[wrong])
+    exposes(wrong, reference("ch14_prefill_and_overlap").exposing_states()[wrong])
 
 
 OK = dict(running=[(10, 3, 12), (5, 1, 5), (40, 7, 46)], num_waiting=0, num_swapped=0,
@@ -226,7 +215,7 @@ def test_14_2_the_graders_rule_is_the_chapters():
     import random
 
     rng = random.Random(0)
-    states = [OK, *load_reference().exposing_states().values()]
+    states = [OK, *reference("ch14_prefill_and_overlap").exposing_states().values()]
     for _ in range(400):   # mostly decoding sequences, one or two fields in the way
         running = []
         for _ in range(rng.randint(0, 4)):

@@ -6,7 +6,7 @@ import torch
 from minipaged.engine.llm_engine import LLMEngine
 from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams
-from tests.exercises.answers import load
+from tests.exercises.answers import load, reference
 
 ex = load("ch15_serving")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -65,13 +65,7 @@ def stops_at_unknown(engine, live, gone):  # an id that already finished raises
 
 @pytest.mark.grader
 def test_15_1_a_correct_answer_passes_the_grading(model):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "solutions" / "ch15_serving.py"
-    spec = importlib.util.spec_from_file_location("reference_ch15_serving", path)
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    grade_abort(model, reference.abort_disconnected)
+    grade_abort(model, reference("ch15_serving").abort_disconnected)
 
 
 @pytest.mark.grader

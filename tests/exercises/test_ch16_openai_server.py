@@ -1,14 +1,13 @@
 """Checks for the chapter 16 exercises (exercises/ch16_openai_server.py)."""
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.exercises.answers import load
+from tests.exercises.answers import load, reference
 
 ex = load("ch16_openai_server")
 
@@ -168,14 +167,6 @@ def test_16_3_rejects_a_broken_stream(name):
 
 # The grader's own tests: the reference passes, and checks that each miss one rule fail it.
 
-def _reference():
-    path = Path(__file__).resolve().parents[2] / "solutions" / "ch16_openai_server.py"
-    spec = importlib.util.spec_from_file_location("reference_ch16_openai_server", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def lax_check(skip):
     """A check of the exercise's rules, less the rule ``skip``."""
     def check(lines, include_usage=False, stop=()):
@@ -215,7 +206,7 @@ LAX = ["done", "role", "finish", "finish only last", "usage", "usage anywhere", 
 
 @pytest.mark.grader
 def test_16_3_the_grader_passes_the_reference_and_a_check_of_every_rule():
-    grade_check_stream(_reference().check_stream)
+    grade_check_stream(reference("ch16_openai_server").check_stream)
     grade_check_stream(lax_check(skip=None))
 
 
@@ -289,5 +280,5 @@ def test_16_3_the_chapters_example_is_well_formed():
     example = exercise[exercise.index("```text\n") + 8:]
     lines = example[:example.index("```")].strip().splitlines()
     assert lines[-1] == "data: [DONE]" and len(lines) == 5
-    assert _reference().check_stream(lines) == "Café"
+    assert reference("ch16_openai_server").check_stream(lines) == "Café"
     assert lax_check(skip=None)(lines) == "Café"
