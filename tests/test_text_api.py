@@ -229,3 +229,20 @@ def test_dtype(engine, hf):
     for bad in ("fp16", "int8", torch.int8, None):
         with pytest.raises(ValueError, match="dtype must be"):
             engine(hf, dtype=bad, **SMALL)
+
+
+def test_llm_has_an_explicit_documented_signature():
+    """help(LLM) shows its options, as vLLM's does: every engine option a named keyword (no
+    **kwargs), dtype among them, and the docstring names the options a user reaches for first."""
+    import inspect
+
+    from minipaged.entrypoints.llm import LLM
+
+    parameters = inspect.signature(LLM.__init__).parameters
+    assert not [p for p in parameters.values()
+                if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)], list(parameters)
+    assert {"dtype", "tokenizer", "block_size", "max_model_len", "enable_prefix_caching",
+            "kv_cache_dtype", "gpu_memory_utilization", "attention_backend"} <= set(parameters)
+    assert parameters["dtype"].default == "auto"
+    for name in ("model", "dtype", "kv_cache_dtype", "num_blocks", "attention_backend"):
+        assert f"``{name}" in LLM.__doc__, name
