@@ -95,6 +95,7 @@ class ServerMetrics:
                 self.recent_tpot.append(tpot)
 
 
+# %% chapters/16_openai_server.md § What to measure
 def render_metrics(owner) -> bytes:
     """``/metrics``'s text, made where the engine steps and the metrics are kept (``await
     owner.call(render_metrics)``): the engine core process, or the engine loop's thread."""
