@@ -1,4 +1,4 @@
-"""Chapter 11's engine against chapter 13's, and chapter 13's fused kernels against their references.
+"""Chapter 11's engine against chapter 14's, and chapter 14's fused kernels against their references.
 
     python benchmarks/bench_fast_engine.py --out DIR [--mode engines|kernels|both] [--quick]
                                            [--num-requests N] [--max-tokens T] [--check]
@@ -6,7 +6,7 @@
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
 uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 11's ``minipaged.engine.llm_engine.LLMEngine`` and
-chapter 13's ``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
+chapter 14's ``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
 ``FAST_PARTS``), each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
 the memory roofline (bench_engine.roofline), mean TTFT, p50/p99 TPOT, steps, graph steps. Writes
@@ -26,12 +26,12 @@ uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), 
 temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
 
 ``--engines`` picks the engines (default all six, built by ``ENGINES``: ``engine``, chapter 11's
-``LLMEngine``; ``fast_engine``, ``minipaged.LLM`` (chapters 13 and 14); ``fast_engine_sync``,
+``LLMEngine``; ``fast_engine``, ``minipaged.LLM`` (chapters 14 and 15); ``fast_engine_sync``,
 the fast engine with ``overlap_scheduling=False``, so that the overlap's share is measured,
 ``fast_engine_unchunked``, the fast engine with ``enable_chunked_prefill=False`` (whole prompts, run
 apart from the step's decodes),
 ``fast_engine_sdpa_prefill``, the fast engine with chapter 9's prefill, so that the paged prefill
-kernel's share of the gain is measured too, and ``fast_engine_fp8``, the fast engine with chapter 12's
+kernel's share of the gain is measured too, and ``fast_engine_fp8``, the fast engine with chapter 13's
 e4m3 cache, ``kv_cache_dtype="fp8"``, on a GPU with FP8).
 
 About 3.5 minutes for ``engines`` and under a minute for ``kernels`` on an H200. Without a GPU
@@ -68,14 +68,14 @@ def chapter11_engine(model, **options):
 
 
 def chapter13_engine(model, **options):
-    """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+    """Chapter 14's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
     from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)
 
 
 def chapter13_sdpa_prefill(model, **options):
-    """``minipaged.LLM`` with chapter 9's SDPA prefill: chapter 13's model without chapter
+    """``minipaged.LLM`` with chapter 9's SDPA prefill: chapter 14's model without chapter
     14's paged prefill part, so a step's prefills and decodes also run apart."""
     llm = chapter13_engine(model, **options)
     llm.model.plan_prefill = None
@@ -93,8 +93,8 @@ ENGINES = {
     "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.entrypoints.llm.LLM", False),
     "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.entrypoints.llm.LLM", True),
 }
-"""chapter 11's engine; chapter 13's; chapter 13's with one piece changed: no overlap, whole
-prompts, chapter 9's SDPA prefill (paged prefill off), chapter 12's e4m3 cache"""
+"""chapter 11's engine; chapter 14's; chapter 14's with one piece changed: no overlap, whole
+prompts, chapter 9's SDPA prefill (paged prefill off), chapter 13's e4m3 cache"""
 
 
 def percentile(values, q):
@@ -134,7 +134,7 @@ def run_engine(name, args) -> dict:
     model = build_model(config, device, dtype)
     prompts = workload(num_requests, lo, hi, config.vocab_size)
     build, options, engine_class, needs_fp8 = ENGINES[name]
-    if needs_fp8:  # chapter 12's e4m3 cache under the fast engine
+    if needs_fp8:  # chapter 13's e4m3 cache under the fast engine
         from minipaged.kernels.fp8_kv_cache import fp8_supported
         if not fp8_supported(device):
             return {"engine": name, "error": "no FP8 on this device"}
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
         if len(firsts) > 1 and args.workload == "course":
             print("note: the engines' first tokens differ (bf16 rounding can do that)")
         elif len(firsts) > 1:
-            print("note: the engines' first tokens differ: chapter 13 samples with its own"
+            print("note: the engines' first tokens differ: chapter 14 samples with its own"
                   " generator (Philox keys), chapter 11 with torch.Generator")
     return 0 if ok else 1
 

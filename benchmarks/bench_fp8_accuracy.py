@@ -1,4 +1,4 @@
-"""Chapter 12's accuracy measurements of the FP8 KV cache, recorded.
+"""Chapter 13's accuracy measurements of the FP8 KV cache, recorded.
 
     python benchmarks/bench_fp8_accuracy.py --out DIR [--quick]
 

@@ -1,4 +1,4 @@
-"""Chapter 12's FP8 measurements on a trained model's keys (SmolLM2-135M-Instruct), recorded.
+"""Chapter 13's FP8 measurements on a trained model's keys (SmolLM2-135M-Instruct), recorded.
 
     python benchmarks/bench_fp8_real_model.py [--out DIR] [--kernel-steps N]
 

@@ -53,7 +53,7 @@ def chapter11_engine(model, **options):
 
 
 def chapter13_engine(model, **options):
-    """Chapter 13's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+    """Chapter 14's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
     from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
             record["by_api_server_count"].append({"api_server_count": count,
                                                   "saturated": result["saturated"]})
             save()
-        # since chapter 15's engine core: the CLI steps the engine in a process of its own
+        # since chapter 16's engine core: the CLI steps the engine in a process of its own
         record["server"] = {"command": " ".join(command[1:]), "started_here": True,
                             "engine_core": "process", "api_server_count": counts[-1]}
         record |= result

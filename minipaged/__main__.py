@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § minipaged serve
+# %% chapters/17_openai_server.md § minipaged serve
 """``python -m minipaged serve MODEL``."""
 
 import sys

@@ -78,7 +78,7 @@ def test_no_module_imports_a_later_chapters_module():
 
 
 def test_a_cache_format_sits_below_the_engine():
-    """Chapter 12's FP8 cache is a part the engine takes, so it imports nothing of the engine."""
+    """Chapter 13's FP8 cache is a part the engine takes, so it imports nothing of the engine."""
     imported = {node.module for node in ast.walk(modules()["kernels.fp8_kv_cache"])
                 if isinstance(node, ast.ImportFrom)}
     assert imported, "no import found: did the module move?"
@@ -116,7 +116,7 @@ def _manager_names(tree) -> set:
 
 
 def _scheduler_classes():
-    """Chapter 10's Scheduler and every class built on it (chapter 14's OverlapScheduler)."""
+    """Chapter 10's Scheduler and every class built on it (chapter 15's OverlapScheduler)."""
     found = [node for _, node in classes() if node.name == "Scheduler"
              or any(getattr(base, "id", None) == "Scheduler" for base in node.bases)]
     assert {node.name for node in found} >= {"Scheduler", "OverlapScheduler"}

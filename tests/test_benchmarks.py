@@ -155,7 +155,7 @@ def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
 @pytest.mark.parametrize("batch,length,splits", [(2, 70, None), (3, 33, 3), (1, 1, None)])
 def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kind):
     """benchmarks/archive/experiment_fp8_table_ahead.py's kernels (the block table read a tile ahead;
-    the next tile's K/V too) give chapter 12's output exactly, under the interpreter: ranges
+    the next tile's K/V too) give chapter 13's output exactly, under the interpreter: ranges
     shorter than a tile, splits, a length cut inside a block and an empty sequence."""
     import torch
 
@@ -172,7 +172,7 @@ def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kin
 
 
 def test_shipped_case_times_both_kernels_and_lets_go_of_its_tensors(monkeypatch):
-    """benchmarks/gpu_record.py's shipped_case: chapter 12's output is the reference, both
+    """benchmarks/gpu_record.py's shipped_case: chapter 13's output is the reference, both
     kernels are timed on calls that run, a candidate is timed against it (time_candidate),
     and nothing is held once the block ends."""
     import torch

@@ -121,6 +121,6 @@ def test_the_rule_finds_what_the_browser_check_finds():
         "chapter", "9 split over two lines.", "",
         "```{code-cell} ipython3", "# chapter 10 in code", "```", "",
         "```{exercise} 1.1 Count", ":label: ex-1", "", "Use chapter 11's count.", "```", "",
-        "```text", "chapter 12 in a code block", "```",
+        "```text", "chapter 13 in a code block", "```",
     ])
     assert unlinked_mentions(source) == [(3, "chapter 3"), (5, "chapter 9"), (15, "chapter 11")]

@@ -27,7 +27,7 @@ def setup():
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 11", "chapter 13"])
+                                  ids=["chapter 11", "chapter 14"])
 
 
 def tokens(outputs):

@@ -1,4 +1,4 @@
-"""The engine core in its own process (chapter 15): a request aborted by its client frees its
+"""The engine core in its own process (chapter 16): a request aborted by its client frees its
 blocks in the core, the core's death ends every open request with a clear error and later ones
 with 503 (nothing hangs), a stopped server leaves no child process, and a stream that fell
 behind gets everything that arrived meanwhile in one update."""

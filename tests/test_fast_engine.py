@@ -1,4 +1,4 @@
-"""Chapters 13 and 14: the fused kernels against their references (interpreter at small, odd sizes), the
+"""Chapters 14 and 15: the fused kernels against their references (interpreter at small, odd sizes), the
 fast model against chapter 9's and transformers, the fast engine against transformers."""
 
 import functools
@@ -266,7 +266,7 @@ def test_fast_model_equals_chapter_9_token_for_token(config):
 
 
 class SpyCache(PagedKVCache):
-    """A cache with its own decode reader and gather, as chapter 12's: the fast model must use
+    """A cache with its own decode reader and gather, as chapter 13's: the fast model must use
     them (and so keep chapter 9's prefill, which reads a prefix through ``gather``)."""
 
     writes = reads = gathers = 0
@@ -309,7 +309,7 @@ def test_paged_prefill_on_and_off_give_the_same_tokens(setup, monkeypatch):
                         lambda *a, **k: calls.append(1) or original(*a, **k))
     on = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
     assert calls and on.tokens == reference
-    fast.plan_prefill = None                     # chapter 13's model: chapter 9's prefill
+    fast.plan_prefill = None                     # chapter 14's model: chapter 9's prefill
     calls.clear()
     off = greedy_generate(fast, fast.new_cache(64, 4), prompts, NEW, arrivals=[0, 0, 1, 2, 2])
     assert not calls and off.tokens == reference
@@ -333,7 +333,7 @@ def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
     llm = LLM(setup[0], block_size=4)
     engine = llm.llm_engine
     assert type(engine) is LLMEngine and isinstance(engine.model, FastQwen3Model)
-    assert engine.model.plan_prefill is plan_paged_prefill    # chapter 14's part, given
+    assert engine.model.plan_prefill is plan_paged_prefill    # chapter 15's part, given
     assert type(engine.runner.sampler) is FusedSampler
     assert type(engine.scheduler) is OverlapScheduler and type(engine.loop) is OverlapStepLoop
     assert sorted(FAST_PARTS.cache_formats) == ["auto", "fp8"]
@@ -356,7 +356,7 @@ def test_a_step_of_decodes_and_prefill_chunks_is_one_forward_with_paged_prefill(
     hf, prompts, reference = setup
     llm = LLM(hf, block_size=4, max_num_batched_tokens=8, check_invariants=True)
     if not paged_prefill:
-        llm.model.plan_prefill = None            # chapter 13's model as chapter 13 builds it
+        llm.model.plan_prefill = None            # chapter 14's model as chapter 14 builds it
     assert llm.scheduler.config.enable_chunked_prefill            # the fast engine's default
     forwards, mixed = [], []
     hook = llm.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
@@ -507,7 +507,7 @@ def test_sample_fused_greedy_rows_break_ties_like_argmax():
 
 def test_the_fast_engine_serves_an_fp8_cache_too():
     """kv_cache_dtype='fp8' composes with the fused model, whose paged prefill kernel
-    (chapter 14) reads the e4m3 blocks and their scales."""
+    (chapter 15) reads the e4m3 blocks and their scales."""
     from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache
 
     hf = random_qwen3(tiny_qwen3_config(), seed=0, dtype=torch.float32)

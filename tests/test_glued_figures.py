@@ -281,9 +281,9 @@ KNOWN_TYPED = {
         "the target (256 sequences at 10,000 tokens/s); take num_seqs from the benchmark's record",
     ("10_scheduler", '"host_share"', "1.0 / step_budget"):
         "follows step_budget_ms",
-    ("12_fp8_kv_cache", '"key_elements"', "1024 * 8 * 128"):
+    ("13_fp8_kv_cache", '"key_elements"', "1024 * 8 * 128"):
         "the accuracy sweep's key tensor, typed; glue its numel()",
-    ("13_fast_engine", '"act_mib"', "activation / 2**20"):
+    ("14_fast_engine", '"act_mib"', "activation / 2**20"):
         "activation = 256 * 1024 * 2 typed; take the batch and hidden size from the config",
 }
 
@@ -597,7 +597,7 @@ def test_ch11_the_engine_serves_the_whole_workload_against_transformers_at_its_b
 
 
 def test_ch12_the_fp8_cache_reads_half_the_bytes_and_passed_its_gpu_grid():
-    """Chapter 12: the fp8 kernel "reads half the bytes", scales included, computing the same
+    """Chapter 13: the fp8 kernel "reads half the bytes", scales included, computing the same
     attention; its `--check` grid ran on the GPU and passed, CUDA graphs included."""
     fp8 = record("fp8_h200.json")
     for r in fp8["kernel"]:
@@ -606,7 +606,7 @@ def test_ch12_the_fp8_cache_reads_half_the_bytes_and_passed_its_gpu_grid():
 
 
 def test_ch12_the_fp8_kernel_is_faster_but_short_of_its_ceiling():
-    """Chapter 12: from 4,096 tokens on the fp8 kernel is faster than bf16 ("at least ...x"),
+    """Chapter 13: from 4,096 tokens on the fp8 kernel is faster than bf16 ("at least ...x"),
     yet "short of the ceiling": under 85% of the copy bandwidth in fp8 bytes."""
     long = [r for r in record("fp8_h200.json")["kernel"] if r["seq_len"] >= 4096]
     assert long and min(r["speedup"] for r in long) > 1
@@ -643,7 +643,7 @@ def test_appendix_fp8_candidates_lost_as_the_prose_says():
 
 
 def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree():
-    """Chapter 13: its engine beats chapter 11's on the same output tokens, on the course's
+    """Chapter 14: its engine beats chapter 11's on the same output tokens, on the course's
     workload and nano-vllm's; without the overlap it makes the same greedy tokens in as many
     steps; every fused kernel agrees with its reference in bf16 and the three glue kernels beat
     the chains they replace; a step's host phases add up to the step."""
@@ -698,7 +698,7 @@ def test_appendix_serving_with_uvloop_one_api_server_keeps_up_and_chunks_are_a_s
 
 
 def test_ch15_appendix_serving_the_core_process_pays_and_the_sweep_stays_within_its_slo():
-    """Chapter 15 and the appendix's serving notes: with a loop thread the engine "stepped about a
+    """Chapter 16 and the appendix's serving notes: with a loop thread the engine "stepped about a
     third as often as it could"; the engine core process delivers a larger share of the engine's
     throughput (on the GPU and on the CPU proxy, with and without a device wait) and a lower TTFT
     on the CPU proxy; a stream's chunks are further apart than its tokens; "every rate of the

@@ -170,8 +170,8 @@ def test_compile_targets_finds_every_kernel_and_its_inlined_helpers():
 
 
 def test_compile_targets_skips_e4m3_specializations_before_sm89():
-    """A kernel that serves both caches (chapter 14's prefill) is compiled for every card
-    with bf16 K/V, and for sm89 only with chapter 12's e4m3 K/V: compiled here, no GPU."""
+    """A kernel that serves both caches (chapter 15's prefill) is compiled for every card
+    with bf16 K/V, and for sm89 only with chapter 13's e4m3 K/V: compiled here, no GPU."""
     import subprocess
 
     code = """
@@ -207,7 +207,7 @@ print(json.dumps(report))
 
 
 def test_kernel_sass_reads_the_sm90_build_of_the_fp8_decode_kernel_without_a_gpu():
-    """tools/kernel_sass.py compiles chapter 12's kernel for sm90 here and finds its tile loop:
+    """tools/kernel_sass.py compiles chapter 13's kernel for sm90 here and finds its tile loop:
     tensor-core products (HMMA) and the e4m3 conversions (F2FP) inside it."""
     import subprocess
 

@@ -1,5 +1,5 @@
 """The Llama family in chapter 9's paged model: configs served and refused, weights loaded,
-chapter 13's fused RoPE without QK-norm, and load_model's local paths (fast: tiny models)."""
+chapter 14's fused RoPE without QK-norm, and load_model's local paths (fast: tiny models)."""
 
 import pytest
 import torch

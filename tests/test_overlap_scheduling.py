@@ -1,4 +1,4 @@
-"""Chapter 14's overlap scheduling: a decode step planned and committed before the previous step's
+"""Chapter 15's overlap scheduling: a decode step planned and committed before the previous step's
 tokens are read gives exactly what the synchronous engine gives, and leaves nothing behind."""
 
 import pytest

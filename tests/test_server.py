@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (chapter 14) on a live uvicorn, through the official client: text,
+"""The OpenAI-compatible server (chapter 15) on a live uvicorn, through the official client: text,
 chat, streaming, n, stop strings, log-probabilities, usage with cached tokens, metrics, and every
 malformed request answered in OpenAI's error shape while the server keeps serving."""
 
@@ -32,7 +32,7 @@ def model(tokenizer):
 
 
 def new_llm(model, tokenizer, **kw):
-    """Chapter 11's engine: on a CPU its torch sampler is far quicker than chapter 13's fused
+    """Chapter 11's engine: on a CPU its torch sampler is far quicker than chapter 14's fused
     one under Triton's interpreter (tests/test_engine_loop.py serves minipaged.LLM)."""
     settings = dict(tokenizer=tokenizer, block_size=4, num_blocks=160, max_num_seqs=SEATS,
                     max_model_len=MAX_LEN, check_invariants=True)

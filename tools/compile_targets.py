@@ -4,10 +4,10 @@ sm89 (L4).
 Triton compiles for any target it knows, present or not. This script records the kernels'
 specializations (signature and constants) while it calls every kernel once through the package's
 public API on the card that is here (each cache dtype, head dims 64 and 128, decode attention with
-and without split-KV, chapter 12's FP8 cache, chapter 13's fused kernels and paged prefill), then
+and without split-KV, chapter 13's FP8 cache, chapter 14's fused kernels and paged prefill), then
 compiles each of them again for the readers' cards and writes what happened as JSON. Kernels on
-e4m3 data (chapter 12's, and any specialization that takes an e4m3 pointer, such as chapter 13's
-prefill on chapter 12's cache) are compiled for sm89 only: earlier cards have no FP8, and chapter 12
+e4m3 data (chapter 13's, and any specialization that takes an e4m3 pointer, such as chapter 14's
+prefill on chapter 13's cache) are compiled for sm89 only: earlier cards have no FP8, and chapter 13
 says so.
 
     python tools/compile_targets.py --out DIR        (on a machine with an NVIDIA GPU)
@@ -123,7 +123,7 @@ def reads_e4m3(src) -> bool:
 
 
 def exercise_fp8_cache(dtype, head_dim: int) -> None:
-    """Chapter 12's write, decode and copy kernels, when the package and the card have FP8."""
+    """Chapter 13's write, decode and copy kernels, when the package and the card have FP8."""
     import torch
 
     try:
@@ -154,7 +154,7 @@ def exercise_fp8_cache(dtype, head_dim: int) -> None:
 
 
 def exercise_fast_kernels(dtype, head_dim: int) -> None:
-    """Chapter 13's fused kernels and chapter 14's paged prefill, when the package has them."""
+    """Chapter 14's fused kernels and chapter 15's paged prefill, when the package has them."""
     import torch
 
     try:
@@ -212,7 +212,7 @@ def compile_for_targets(seen: dict[str, dict], helpers: dict[str, str]) -> dict[
             errors, compiled = [], 0
             for src, options in specializations.values():
                 if arch < FP8_MIN_ARCH and reads_e4m3(src):
-                    continue  # e.g. chapter 13's prefill on chapter 12's cache
+                    continue  # e.g. chapter 14's prefill on chapter 13's cache
                 compiled += 1
                 try:
                     REAL_COMPILE(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -1,4 +1,4 @@
-"""The live block-pool view (chapter 14's /dashboard) in headless Chromium while a server works.
+"""The live block-pool view (chapter 15's /dashboard) in headless Chromium while a server works.
 
     python tools/dashboard_snapshot.py [--screenshot _static/ch15_dashboard.png] [--dom FILE]
 

@@ -104,18 +104,18 @@ LAYERS = {
               "prefix cache (chapters 1-6). Plain Python: no tensors, no GPU.",
     "kernels": "The paged KV cache and the kernels that read and write it: cache writes, decode "
                "and prefill attention, the FP8 format, the fused kernels "
-               "(chapters 7, 8, 12, 13, 14).",
+               "(chapters 7, 8, 13, 14, 15).",
     "model": "Models that run on the paged cache: Qwen3 and the Llama family (chapter 9), "
-             "and its fused twin (chapter 13).",
+             "and its fused twin (chapter 14).",
     "engine": "The serving engine: the scheduler, the model runner, sampling, detokenizing and "
               "the engine core that steps them, the fused sampler and the overlapped loop "
-              "(chapters 10, 11, 13, 14).",
-    "entrypoints": "How the engine is used: the offline `LLM` (chapter 14), the engine loop "
-                   "and the engine core process that own the engine for a server (chapter 15), "
+              "(chapters 10, 11, 14, 15).",
+    "entrypoints": "How the engine is used: the offline `LLM` (chapter 15), the engine loop "
+                   "and the engine core process that own the engine for a server (chapter 16), "
                    "and the OpenAI-compatible server with its metrics and dashboard "
-                   "(chapter 16).",
+                   "(chapter 17).",
     "book": "Helpers of the book itself, not of the engine: notebook glue, the fragmentation "
-            "simulator and the FP8 accuracy experiments (chapters 0, 2 and 12).",
+            "simulator and the FP8 accuracy experiments (chapters 0, 2 and 13).",
 }
 
 

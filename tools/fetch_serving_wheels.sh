@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server's dependencies (FastAPI, uvicorn with uvloop and httptools, prometheus_client, httpx
 # and what they need) as wheels for the course's offline GPU machine (Python 3.12, x86_64), beside
-# the Jupyter/nbval wheels that ../shared/gpu/fetch-wheels.sh puts in .whl/: chapters 15 and 16
+# the Jupyter/nbval wheels that ../shared/gpu/fetch-wheels.sh puts in .whl/: chapters 16 and 17
 # serve over HTTP there too.
 #
 #   bash tools/fetch_serving_wheels.sh [DIR]      (default: .whl)

@@ -8,7 +8,7 @@
 # On your own GPU machine: `make gpu-test` (it installs the dev extras into .venv and runs this script
 # with PY=.venv/bin/python; run directly, PY defaults to python3).
 # On the course's offline H200, the Jupyter/nbval wheels travel in .whl/ (fetched with
-# ../shared/gpu/fetch-wheels.sh; the server wheels of chapters 15 and 16 with tools/fetch_serving_wheels.sh) and are
+# ../shared/gpu/fetch-wheels.sh; the server wheels of chapters 16 and 17 with tools/fetch_serving_wheels.sh) and are
 # installed into /tmp/site first.
 # At most a handful of files come back from the H200, so logs are merged: gpu_run_<date>.json (per
 # chapter: cells passed/failed, seconds, the chapter's sha256; the commit; the compile results),

@@ -14,7 +14,7 @@ without spending GPU time. The build is Triton's own for sm90 (no GPU is needed:
 cuobjdump come with Triton); timings still need the card.
 
 - ``bf16``: chapter 8's ``_paged_decode_kernel`` (default tile 64, as its launcher picks);
-- ``fp8``: chapter 12's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
+- ``fp8``: chapter 13's ``_fp8_decode_kernel`` (default: its launcher's tile of 128 tokens and
   cap of 128 registers a thread);
 - ``fp8-subtiles``: the candidate of ``benchmarks/archive/experiment_fp8_subtiles.py``;
 - ``fp8-table-ahead``, ``fp8-registers-ahead``: the candidates of

@@ -1,11 +1,11 @@
-"""A candidate design for chapter 12's fp8 decode kernel: tl.dot's 16 rows filled, not padded.
+"""A candidate design for chapter 13's fp8 decode kernel: tl.dot's 16 rows filled, not padded.
 
     python benchmarks/archive/experiment_fp8_subtiles.py --out DIR
 
 Writes DIR/fp8_subtiles_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...]}.
 
-Why: ``tl.dot`` needs at least 16 rows, so chapter 12's kernel pads a GQA group of 4 query heads to
+Why: ``tl.dot`` needs at least 16 rows, so chapter 13's kernel pads a GQA group of 4 query heads to
 16 and every score, exponential and reduction of the online softmax runs on 12 rows of padding. In
 the fp8 cache a token costs half the bytes of bf16, and that fixed work per token no longer hides
 under the loads. Here the 16 rows are (token sub-tile, head) pairs: with a group of ``G`` (padded
@@ -15,12 +15,12 @@ is loaded as ``[TILE / J, J * D]``, so one ``tl.dot`` gives every row the scores
 sub-tile: ``[16, TILE / J]`` scores in place of ``[16, TILE]``. Each row keeps its own online
 softmax; the probabilities go back to the tile's token order, block-diagonally, for ``p @ V``, and
 the ``J`` states of each head are merged at the end as split-KV merges ranges. The scales, V in
-pairs of bytes, and the split-KV partial results are chapter 12's.
+pairs of bytes, and the split-KV partial results are chapter 13's.
 
 For each of chapter 8's shapes (and 16 query heads, a group of 2, at 64 x 4,096) it times chapter
-8's bf16 kernel, chapter 12's fp8 kernel and this one at three launch configurations, with the
-relative distance of this kernel's output from chapter 12's (the same values are read: rounding
-only). It also times chapter 12's own kernel under a register cap (``maxnreg``), which lets more
+8's bf16 kernel, chapter 13's fp8 kernel and this one at three launch configurations, with the
+relative distance of this kernel's output from chapter 13's (the same values are read: rounding
+only). It also times chapter 13's own kernel under a register cap (``maxnreg``), which lets more
 programs share an SM: with 256-token tiles the kernel takes 255 registers a thread and about 80 KB
 of shared memory, so an SM holds two programs, eight warps, too few to hide the latency of each
 tile's chain of loads, products and reductions.
@@ -159,7 +159,7 @@ def _subtile_kernel(q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_
 def subtile_attention(cache, query, tables, lens, tile: int, warps: int, stages: int,
                       splits: int | None = None) -> torch.Tensor:
     """Decode attention over an ``Fp8PagedKVCache`` (layer 0) with the sub-tile kernel; the
-    split-KV factor chosen as chapter 12 chooses it unless ``splits`` is given."""
+    split-KV factor chosen as chapter 13 chooses it unless ``splits`` is given."""
     batch, num_heads, head_dim = query.shape
     if head_dim & (head_dim - 1) or head_dim < 2:
         raise ValueError(f"head_dim must be a power of 2, got {head_dim}")
@@ -201,7 +201,7 @@ def subtile_attention(cache, query, tables, lens, tile: int, warps: int, stages:
 @contextlib.contextmanager
 def chapter12_launch(tile: int, warps: int, stages: int, maxnreg: int | None,
                      programs_per_sm: int = 2):
-    """Chapter 12's own kernel with another launch: tile, warps and stages, a register cap
+    """Chapter 13's own kernel with another launch: tile, warps and stages, a register cap
     (``maxnreg``: fewer registers a thread, more programs an SM) and the programs an SM the
     split-KV factor aims at, patched in for the duration."""
     config = fp8_module._fp8_launch_config
@@ -213,7 +213,7 @@ def chapter12_launch(tile: int, warps: int, stages: int, maxnreg: int | None,
         fp8_module._fp8_launch_config = config
 
 
-# (tile, warps, stages, maxnreg) for chapter 12's own kernel. Triton's pipeliner keeps one
+# (tile, warps, stages, maxnreg) for chapter 13's own kernel. Triton's pipeliner keeps one
 # buffer of K/V per tile below 5 stages here (the addresses come from a block-table load, a
 # second level of loads), so the next tile's copy is issued only after this tile's products;
 # from 5 stages on it keeps two, and the copy of tile i + 1 overlaps the work on tile i.
@@ -223,7 +223,7 @@ CHAPTER12_LAUNCHES = ((128, 4, 3, 128), (128, 4, 3, 96), (256, 4, 5, None),
 
 
 def variants(fp8, query, tables, lens) -> dict:
-    """Name -> a call: the sub-tile kernel at three launches; chapter 12's at other launches
+    """Name -> a call: the sub-tile kernel at three launches; chapter 13's at other launches
     (a register cap, a deeper pipeline)."""
     calls = {f"subtiles tile {t} warps {w} stages {s}":
              (lambda t=t, w=w, s=s: subtile_attention(fp8, query, tables, lens, t, w, s))
@@ -232,7 +232,7 @@ def variants(fp8, query, tables, lens) -> dict:
         def launched(t=t, w=w, s=s, cap=cap):
             with chapter12_launch(t, w, s, cap):
                 return fp8.paged_attention(query, 0, tables, lens)
-        calls[f"chapter 12 tile {t} warps {w} stages {s} maxnreg {cap}"] = launched
+        calls[f"chapter 13 tile {t} warps {w} stages {s} maxnreg {cap}"] = launched
     return calls
 
 

@@ -1,4 +1,4 @@
-"""Two candidates for chapter 12's fp8 decode kernel: the block table read one tile ahead,
+"""Two candidates for chapter 13's fp8 decode kernel: the block table read one tile ahead,
 and the next tile's K/V too.
 
     python benchmarks/archive/experiment_fp8_table_ahead.py --out DIR
@@ -7,7 +7,7 @@ Writes DIR/fp8_table_ahead_h200.json: {"device", "date", "command", "versions",
 "copy_bandwidth_bytes_per_s", "rows": [...]}; each row has the candidate's ``kind`` ("table" or
 "registers") and launch.
 
-Why: in chapter 12's loop a tile's K/V addresses come from a block-table load of the same
+Why: in chapter 13's loop a tile's K/V addresses come from a block-table load of the same
 iteration. With that second level of loads Triton's pipeliner keeps one buffer per tile and issues
 the next tile's copy only after this tile's products, so a program waits for every copy and only
 other programs on the SM hide it.
@@ -22,11 +22,11 @@ other programs on the SM hide it.
 
 On the H200 neither beats the shipped launch (one buffer, four programs an SM): at 64 x 4,096 the
 best ``table`` launch takes 209 µs and the best ``registers`` one 333 µs, against 161-165 µs
-(``results/fp8_table_ahead_h200.json``). Chapter 12's section "Programs on an SM" reads the record.
+(``results/fp8_table_ahead_h200.json``). Chapter 13's section "Programs on an SM" reads the record.
 
-Each candidate is chapter 12's kernel with its change made on the chapter's source text (so the
+Each candidate is chapter 13's kernel with its change made on the chapter's source text (so the
 two cannot drift apart; a change to the chapter's loop stops this script with a clear error). For
-chapter 8's shapes and three more it times chapter 12's shipped launch and the candidates at a few
+chapter 8's shapes and three more it times chapter 13's shipped launch and the candidates at a few
 launches, with the relative distance of each output from the shipped one (the same values are read
 in the same order for 128-token tiles: 0). tests/test_benchmarks.py checks the candidates against
 the shipped kernel under the CPU interpreter.
@@ -140,14 +140,14 @@ def source_of(kernel) -> str:
 def replace_all(text: str, edits) -> str:
     for old, new in edits:
         if old not in text:
-            raise RuntimeError("chapter 12's tile loop changed: update this script's loop text")
+            raise RuntimeError("chapter 13's tile loop changed: update this script's loop text")
         text = text.replace(old, new)
     return text
 
 
 @functools.cache
 def table_ahead_kernel(kind: str = "table"):
-    """Chapter 12's ``_fp8_decode_kernel`` with its tile loop reading the table a tile ahead
+    """Chapter 13's ``_fp8_decode_kernel`` with its tile loop reading the table a tile ahead
     (``kind="table"``), or the next tile's K/V too, into registers (``"registers"``)."""
     loop = source_of(fp8_module._attend_fp8_tiles)
     edits = {"table": [(CHAPTER_LOOP, AHEAD_LOOP)],
@@ -171,7 +171,7 @@ def table_ahead_kernel(kind: str = "table"):
 def table_ahead_launch(tile: int | None = None, warps: int = 4, stages: int = 3,
                        maxnreg: int | None = None, programs_per_sm: int = 2,
                        kind: str = "table"):
-    """Chapter 12's ``paged_attention`` running a candidate; with ``tile`` given, at that
+    """Chapter 13's ``paged_attention`` running a candidate; with ``tile`` given, at that
     launch (on a GPU), else at the shipped one."""
     kernel, config = fp8_module._fp8_decode_kernel, fp8_module._fp8_launch_config
     fp8_module._fp8_decode_kernel = table_ahead_kernel(kind)

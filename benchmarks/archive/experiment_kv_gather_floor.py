@@ -12,7 +12,7 @@ system gives for rows of this size at this stride. Three layouts of the same tok
 
 - ``bf16 NHD``: chapter 7's layout in bf16, a (token, head) row of 256 bytes, rows of one head
   1 KB apart (chapter 8's kernel reads this);
-- ``fp8 NHD``: the same layout in e4m3, rows of 128 bytes (chapter 12's cache);
+- ``fp8 NHD``: the same layout in e4m3, rows of 128 bytes (chapter 13's cache);
 - ``fp8 HND``: heads outside tokens within a block, so a block's 16 rows of one head are 2 KB in
   one piece.
 

@@ -1,5 +1,5 @@
 """What the GPU experiments share: their command line, the header of their JSON record, one
-decode problem with chapter 12's kernel timed on it, and the timing of one candidate against it."""
+decode problem with chapter 13's kernel timed on it, and the timing of one candidate against it."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def gpu_main(argv, doc: str, name: str, collect, needs_fp8: bool = True) -> int:
 
 def time_candidate(row: dict, call, case, log=print) -> dict:
     """Fill ``row`` with one candidate's median µs, speed-up over bf16, share of the copy
-    bandwidth and relative distance from chapter 12's output, on ``case`` (a
+    bandwidth and relative distance from chapter 13's output, on ``case`` (a
     ``shipped_case``); a candidate that fails (out of shared memory, for one) is recorded
     with its error."""
     try:
@@ -72,8 +72,8 @@ def time_candidate(row: dict, call, case, log=print) -> dict:
 def shipped_case(batch: int, length: int, q_heads: int = 32, log=print, device="cuda",
                  timer=bench):
     """A decode problem on ``device`` (8 KV heads, head dim 128, blocks of 16) with chapter 8's
-    bf16 kernel and chapter 12's fp8 kernel timed on it. Yields ``fp8, query, tables, lens``,
-    ``run`` (chapter 12's call), its output ``reference`` (fp32), ``bf16_us``, ``shipped_us``
+    bf16 kernel and chapter 13's fp8 kernel timed on it. Yields ``fp8, query, tables, lens``,
+    ``run`` (chapter 13's call), its output ``reference`` (fp32), ``bf16_us``, ``shipped_us``
     and ``fp8_bytes`` (what the fp8 kernel reads), timed by ``timer``; frees the GPU memory
     after."""
     from benchmarks.bench_fp8 import paired_caches
@@ -87,7 +87,7 @@ def shipped_case(batch: int, length: int, q_heads: int = 32, log=print, device="
     case.reference = case.run().float()
     case.bf16_us = timer(lambda: paged_attention(query, cache, 0, tables, lens))
     case.shipped_us = timer(case.run)
-    log(f"B={batch} L={length} Hq={q_heads}: bf16 {case.bf16_us:.1f} us, chapter 12 "
+    log(f"B={batch} L={length} Hq={q_heads}: bf16 {case.bf16_us:.1f} us, chapter 13 "
         f"{case.shipped_us:.1f} us (x{case.bf16_us / case.shipped_us:.2f})")
     try:
         yield case

@@ -1,4 +1,4 @@
-"""Launch configurations of chapter 12's fp8 decode kernel, side by side, on a GPU with FP8.
+"""Launch configurations of chapter 13's fp8 decode kernel, side by side, on a GPU with FP8.
 
     python benchmarks/archive/sweep_fp8_decode.py --out DIR [--quick]
 

@@ -1,4 +1,4 @@
-"""Chapter 12's fp8 decode kernel at launches that fit more programs on an SM, on a GPU with FP8.
+"""Chapter 13's fp8 decode kernel at launches that fit more programs on an SM, on a GPU with FP8.
 
     python benchmarks/archive/sweep_fp8_occupancy.py --out DIR
 

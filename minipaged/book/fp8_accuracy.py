@@ -1,9 +1,9 @@
-# GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/13_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md § Version 1: one scale per tensor
+# %% chapters/13_fp8_kv_cache.md § Version 1: one scale per tensor
 """FP8 accuracy, measured: the storage schemes, synthetic and real keys, and the
-teacher-forced agreement of a cache against fp32 (chapter 12's experiments; the
+teacher-forced agreement of a cache against fp32 (chapter 13's experiments; the
 cache itself is `minipaged.kernels.fp8_kv_cache`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["SCHEMES", "accuracy_sweep", "teacher_forced", "logit_agreement",
            "RoundTripKVCache", "attention_inputs", "real_key_errors"]
 
 
-# %% chapters/12_fp8_kv_cache.md § Version 1: one scale per tensor
+# %% chapters/13_fp8_kv_cache.md § Version 1: one scale per tensor
 def fp8_round_trip(x: torch.Tensor, scale) -> torch.Tensor:
     """x stored as e4m3 with `scale` (broadcast against x) and read back, in fp32."""
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale
@@ -43,7 +43,7 @@ def per_slot(x: torch.Tensor) -> torch.Tensor:
     return fp8_round_trip(x, x.abs().amax(-1, keepdim=True) / FP8_MAX)
 
 
-# %% chapters/12_fp8_kv_cache.md § Keys with a few large channels
+# %% chapters/13_fp8_kv_cache.md § Keys with a few large channels
 def synthetic_keys(tokens: int, heads: int, dim: int, outlier: float,
                    gen: torch.Generator, channels: int = 4,
                    spread: float = 0.5) -> torch.Tensor:
@@ -97,7 +97,7 @@ def accuracy_sweep(outliers=(1, 2, 4, 8, 16), tokens: int = 1024, seed: int = 0
     return rows, saturated
 
 
-# %% chapters/12_fp8_kv_cache.md § Accuracy end to end
+# %% chapters/13_fp8_kv_cache.md § Accuracy end to end
 def teacher_forced(model, cache, sequences: list[list[int]],
                    prompt_len: int) -> torch.Tensor:
     """Logits [B, steps, vocab] of a paged model: prefill the prompts, then decode
@@ -127,7 +127,7 @@ def logit_agreement(logits: torch.Tensor, reference: torch.Tensor) -> dict:
             "logit distance (max)": distance.max().item()}
 
 
-# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
+# %% chapters/13_fp8_kv_cache.md § A trained model's keys: SmolLM2
 class RoundTripKVCache(PagedKVCache):
     """A full-precision paged cache that keeps what a storage scheme would read back.
 
@@ -170,7 +170,7 @@ class CalibratedStore:
         return fp8_round_trip(x, self.scales[layer, kind])
 
 
-# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
+# %% chapters/13_fp8_kv_cache.md § A trained model's keys: SmolLM2
 def attention_inputs(model, token_ids: list[int]) -> list[tuple[torch.Tensor, ...]]:
     """Per layer, the queries, keys and values ``[T, H, D]`` (fp32) a paged model
     attends with over ``token_ids``: after QK-norm and RoPE, keys and values as its
@@ -203,7 +203,7 @@ def attention_inputs(model, token_ids: list[int]) -> list[tuple[torch.Tensor, ..
             for i in range(model.config.num_hidden_layers)]
 
 
-# %% chapters/12_fp8_kv_cache.md § A trained model's keys: SmolLM2
+# %% chapters/13_fp8_kv_cache.md § A trained model's keys: SmolLM2
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax attention of every position, q [T, Hq, D] over k, v [T, Hkv, D]."""
     group = q.shape[1] // k.shape[1]

@@ -1,8 +1,8 @@
-# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/14_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md § Residual add and RMSNorm
-"""A fused kernel timed against the lines it replaces (chapters 13 and 14)."""
+# %% chapters/14_fast_engine.md § Residual add and RMSNorm
+"""A fused kernel timed against the lines it replaces (chapters 14 and 15)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/14_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md § Sampling in one kernel
+# %% chapters/14_fast_engine.md § Sampling in one kernel
 """Chapter 11's sampling part with one kernel for most rows: ``FusedSampler``.
 
 Rows that need neither top-k nor top-p are sampled by ``sample_fused``
@@ -52,7 +52,7 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-# %% chapters/13_fast_engine.md § The fast engine
+# %% chapters/14_fast_engine.md § The fast engine
 class FusedSampler(Sampler):
     """Chapter 11's sampling part with one kernel for the rows that need neither top-k
     nor top-p; those that do go through chapter 11's ``sample``. Each row is routed on

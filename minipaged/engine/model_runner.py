@@ -25,7 +25,7 @@ class ModelRunner:
     replayed as CUDA graphs, and sampling through the engine's ``sampler``.
 
     ``single_forward(model, cache)`` says whether one forward may take a step's
-    prefills and decodes together (chapter 13's model can); else they run apart.
+    prefills and decodes together (chapter 14's model can); else they run apart.
     """
 
     def __init__(self, model, cache, cpu_cache, sampler, stats, *, max_num_seqs: int,

@@ -1,7 +1,7 @@
-# GENERATED from chapters/14_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+# %% chapters/15_prefill_and_overlap.md § Host work off the critical path
 """Host work off the critical path: a decode step planned while the GPU runs the one before.
 
 ``OverlapScheduler`` (chapter 10's scheduler) commits a plain decode step with placeholder
@@ -27,7 +27,7 @@ UNRESOLVED = -1
 """The token a committed step holds until the token sampled on the GPU reaches the host."""
 
 
-# %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+# %% chapters/15_prefill_and_overlap.md § Host work off the critical path
 class OverlapScheduler(Scheduler):
     """Chapter 10's scheduler, able to commit a decode step before its tokens are known."""
 
@@ -68,7 +68,7 @@ class OverlapScheduler(Scheduler):
             self.running[:] = [s for s in self.running if s not in finished]
         return done
 
-    # %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+    # %% chapters/15_prefill_and_overlap.md § Host work off the critical path
     def resolve(self, seqs: list[Sequence], tokens: list[int], eos_token_id: int | None,
                 keep_running: bool) -> tuple[dict, list[Sequence]]:
         """Put ``tokens`` in place of the placeholders that ``seqs`` end with.
@@ -101,7 +101,7 @@ class OverlapScheduler(Scheduler):
         return stopped, done
 
 
-# %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+# %% chapters/15_prefill_and_overlap.md § Host work off the critical path
 @dataclass
 class InFlightStep:
     """A decode step launched and committed before the host read its tokens."""
@@ -113,7 +113,7 @@ class InFlightStep:
     placeholders: list = None  # (sequence, row) of every UNRESOLVED token
 
 
-# %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+# %% chapters/15_prefill_and_overlap.md § Host work off the critical path
 class OverlapStepLoop(StepLoop):
     """Chapter 11's step loop, with each plain decode step launched before the
     previous step's tokens reach the host, and committed before its own do. Needs
@@ -131,7 +131,7 @@ class OverlapStepLoop(StepLoop):
         """Read the tokens in flight, if any: the engine is synchronous again."""
         self._resolve(keep_running=False)
 
-    # %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+    # %% chapters/15_prefill_and_overlap.md § Host work off the critical path
     def step(self) -> list:
         """Chapter 11's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
@@ -182,7 +182,7 @@ class OverlapStepLoop(StepLoop):
             ready.record()
         return InFlightStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, host, ready)
 
-    # %% chapters/14_prefill_and_overlap.md § Host work off the critical path
+    # %% chapters/15_prefill_and_overlap.md § Host work off the critical path
     def _resolve(self, keep_running: bool) -> dict:
         """Wait for the in-flight step's tokens and put them in place. Returns the
         sequences they stopped that are also in a launched step (see ``resolve``)."""

@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § minipaged serve
+# %% chapters/17_openai_server.md § minipaged serve
 """``minipaged serve MODEL``: the OpenAI-compatible server on the command line."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def load_tokenizer(name: str | None):
     return AutoTokenizer.from_pretrained(name)
 
 
-# %% chapters/16_openai_server.md § minipaged serve
+# %% chapters/17_openai_server.md § minipaged serve
 def _load_dtype(name: str, device):
     """The dtype to build or load the model in: the device's own for ``auto``, else full
     precision, which ``LLM(dtype=name)`` then casts to the dtype asked for."""
@@ -105,7 +105,7 @@ def build_engine(args):
                enable_prefix_caching=args.enable_prefix_caching)
 
 
-# %% chapters/16_openai_server.md § minipaged serve
+# %% chapters/17_openai_server.md § minipaged serve
 def serve_front_end(args, core, sock, others: list = ()) -> None:
     """One server process (a front end): the app on ``core`` under uvicorn, accepting on
     the shared socket ``sock``. ``others``: the other front ends' processes, told to stop
@@ -137,7 +137,7 @@ def _front_end_process(args, sock, channel) -> None:
     serve_front_end(args, core, sock)
 
 
-# %% chapters/16_openai_server.md § minipaged serve
+# %% chapters/17_openai_server.md § minipaged serve
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]

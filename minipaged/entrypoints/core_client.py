@@ -1,7 +1,7 @@
-# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/16_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 """The server's side of the engine core process.
 
 ``EngineCoreClient`` starts the core, sends it commands and hands each step's outputs to
@@ -35,7 +35,7 @@ class EngineCoreError(RuntimeError):
     """The engine core process could not start."""
 
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 def merge_progress(updates: list[RequestProgress]) -> RequestProgress:
     """Several steps' progress of one request as one: each sample's text, tokens and
     log-probabilities joined, the counters of the last step."""
@@ -66,7 +66,7 @@ def _settle(future: asyncio.Future, result=None, error: BaseException | None = N
         future.set_exception(error) if error is not None else future.set_result(result)
 
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 class CoreStream:
     """One request's progress as an async iterator that ends after the finished update;
     what arrived since the last ``__anext__`` comes merged (``merge_progress``)."""
@@ -114,7 +114,7 @@ class CoreStream:
         self.abort()
 
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 class EngineCoreClient:
     """The engine core process and a front end's side of it. ``engine``: an engine built
     here, which the core inherits (the process is forked); or ``build``: a function the
@@ -164,7 +164,7 @@ class EngineCoreClient:
         return (self.max_waiting is not None
                 and self.stats.num_waiting + self._unacked >= self.max_waiting)
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def start(self, front_ends: int = 1) -> EngineCoreClient:
         """Start the core (for a client given a ``channel``: connect to it). ``front_ends``: how
         many server processes share the core; the channels of the others wait in
@@ -218,7 +218,7 @@ class EngineCoreClient:
             except OSError:  # the core is gone; the reader reports it
                 return
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def _send(self, *message) -> None:
         self._outbox.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -263,7 +263,7 @@ class EngineCoreClient:
         self._send("call", call_id, fn)
         return await result
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def _read_all(self) -> None:
         while True:
             try:
@@ -313,7 +313,7 @@ class EngineCoreClient:
             except RuntimeError:  # that event loop is closed: nobody listens any more
                 pass
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def _gone(self) -> None:
         if self.process is not None and not self._closing:  # stop() joins a core it stopped
             self.process.join(5)

@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § A live view of the block pool
+# %% chapters/17_openai_server.md § A live view of the block pool
 """The dashboard: a snapshot of the block pool (taken on the engine loop's thread) and
 one HTML page that draws it."""
 
@@ -55,7 +55,7 @@ def recent_latencies(metrics=None) -> dict:
             "median_tpot_ms": ms(list(metrics.recent_tpot)) if metrics else None}
 
 
-# %% chapters/16_openai_server.md § A live view of the block pool
+# %% chapters/17_openai_server.md § A live view of the block pool
 DASHBOARD_HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>minipaged: block pool</title>
 <style>

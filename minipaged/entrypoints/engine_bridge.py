@@ -1,7 +1,7 @@
-# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/16_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/15_serving.md § From token ids to text, incrementally
+# %% chapters/16_serving.md § From token ids to text, incrementally
 """Everything the server needs from the engine's request API, in one place.
 
 The engine takes prompts and ``SamplingParams`` (stop strings and log-probabilities
@@ -58,7 +58,7 @@ class _Tracked:
     ended: set = field(default_factory=set)  # samples whose finish reason was sent
 
 
-# %% chapters/15_serving.md § From token ids to text, incrementally
+# %% chapters/16_serving.md § From token ids to text, incrementally
 class EngineBridge:
     """The engine's request API as a server needs it: per-step text deltas of every running
     request under the server's string ids. Called from the engine loop's thread only."""
@@ -107,7 +107,7 @@ class EngineBridge:
                 progress.append(update)
         return progress
 
-    # %% chapters/15_serving.md § From token ids to text, incrementally
+    # %% chapters/16_serving.md § From token ids to text, incrementally
     def _progress(self, request_id: str, tracked: _Tracked, out) -> RequestProgress:
         """The deltas of one request's samples since the last step (``out`` holds only what is
         new); forget the request once finished."""
@@ -130,7 +130,7 @@ class EngineBridge:
                                sum(counts), max(counts))
 
 
-# %% chapters/15_serving.md § From token ids to text, incrementally
+# %% chapters/16_serving.md § From token ids to text, incrementally
 @dataclass
 class EngineStats:
     """What the server's metrics read of the engine after a step (all plain numbers)."""

@@ -1,7 +1,7 @@
-# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/16_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 """The engine core: a process of its own that owns the engine and steps it in a busy loop.
 
 The server's processes (its front ends: one, or several that share the port) send it
@@ -53,7 +53,7 @@ def _portable(error: Exception) -> Exception:
         return ValueError(f"{type(error).__name__}: {error}")
 
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 class EngineCore:
     """The one owner of an engine, in the core process: applies the commands its front ends
     send between two steps, and sends each front end its requests' outputs after every step.
@@ -99,7 +99,7 @@ class EngineCore:
                 self.running = False
                 return
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def _receive(self, wait: bool) -> list:
         """Every command waiting on the pipes, as ``(front end, command)``; when ``wait``,
         block until one arrives (checking every ``IDLE_WAIT_S`` that the server still lives)."""
@@ -139,7 +139,7 @@ class EngineCore:
         elif kind == "stop":
             self.running = False
 
-    # %% chapters/15_serving.md § The engine core in a process of its own
+    # %% chapters/16_serving.md § The engine core in a process of its own
     def _step(self) -> None:
         try:
             progress = self.bridge.step()
@@ -174,7 +174,7 @@ class EngineCore:
             self.send(("closed", aborted), front)
 
 
-# %% chapters/15_serving.md § The engine core in a process of its own
+# %% chapters/16_serving.md § The engine core in a process of its own
 def run_engine_core(build: Callable, channels: list, parent_pid: int, inherited: tuple = (),
                     metrics: Callable | None = None) -> None:
     """The core process's entry point: build the engine, then step it until told to stop.

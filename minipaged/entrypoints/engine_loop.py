@@ -1,7 +1,7 @@
-# GENERATED from chapters/15_serving.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/16_serving.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/15_serving.md § The engine loop
+# %% chapters/16_serving.md § The engine loop
 """One thread that owns the engine; asyncio handlers talk to it through queues.
 
 Handlers ``submit`` requests, ``abort`` them and ``call`` functions that must see the
@@ -55,7 +55,7 @@ def _settle(future: asyncio.Future, result=None, error: BaseException | None = N
         future.set_exception(error) if error is not None else future.set_result(result)
 
 
-# %% chapters/15_serving.md § The engine loop
+# %% chapters/16_serving.md § The engine loop
 class RequestStream:
     """One request's ``RequestProgress`` updates, as an async iterator that ends after the
     finished one. ``abort()`` (also on leaving ``async with``) cancels an unfinished request."""
@@ -89,7 +89,7 @@ class RequestStream:
         self.abort()
 
 
-# %% chapters/15_serving.md § The engine loop
+# %% chapters/16_serving.md § The engine loop
 class EngineLoop:
     """The one owner of an engine (``LLM`` or ``LLMEngine``): a thread that applies the
     inbox's commands and steps. ``max_waiting``: ``queue_full()`` once that many requests
@@ -141,7 +141,7 @@ class EngineLoop:
         return (self.max_waiting is not None
                 and self.num_waiting + self._inbox.qsize() >= self.max_waiting)
 
-    # %% chapters/15_serving.md § The engine loop
+    # %% chapters/16_serving.md § The engine loop
     async def submit(self, prompt_ids: list[int], params, *,
                      request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it, or raises what
@@ -171,7 +171,7 @@ class EngineLoop:
         self._inbox.put(_Call(fn, loop, future))
         return await future
 
-    # %% chapters/15_serving.md § The engine loop
+    # %% chapters/16_serving.md § The engine loop
     def _run(self) -> None:
         while not self._closing.is_set():
             try:
@@ -213,7 +213,7 @@ class EngineLoop:
             if self.bridge.abort(command[1]):
                 self._streams.pop(command[1], None)
 
-    # %% chapters/15_serving.md § The engine loop
+    # %% chapters/16_serving.md § The engine loop
     def _post(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)
         if target is None:

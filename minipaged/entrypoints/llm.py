@@ -1,12 +1,12 @@
-# GENERATED from chapters/14_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+# %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 """``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
 
 The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter
-12's FP8 cache format beside chapter 7's, chapter 13's fused model with chapter 14's paged
-prefill kernel as its prefill part, chapter 13's one-kernel sampler, and chapter 14's
+12's FP8 cache format beside chapter 7's, chapter 14's fused model with chapter 15's paged
+prefill kernel as its prefill part, chapter 14's one-kernel sampler, and chapter 15's
 overlap scheduler and overlapped step loop. With the PyTorch attention backend
 (a CPU) the model and sampler are chapter 9's and chapter 11's, whose PyTorch code is
 fast there, where the fused Triton kernels would only be interpreted.
@@ -55,15 +55,15 @@ def _engine_device(model, device) -> torch.device:
     return default_device()
 
 
-# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+# %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 class LLM:
     """Offline generation on a paged KV cache, with vLLM's ``LLM`` API.
 
     ``model``: a transformers ``Qwen3ForCausalLM`` (weights shared, not copied), a
     ``Qwen3PagedModel``, or a hub id / local path. ``kv_cache_dtype``: ``"auto"`` (the
-    model's dtype) or ``"fp8"`` (e4m3 with per-slot scales, chapter 12).
+    model's dtype) or ``"fp8"`` (e4m3 with per-slot scales, chapter 13).
     ``overlap_scheduling``: plan each plain decode step while the GPU runs the previous
-    one (chapter 14). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
+    one (chapter 15). ``num_blocks=None`` sizes the cache from ``gpu_memory_utilization``
     of the GPU's memory (a small default on CPU). ``attention_backend``: ``"auto"``
     (Triton kernels on a GPU, PyTorch on a CPU), ``"triton"`` or ``"torch"`` (chapter
     11). The other options are vLLM's, with
@@ -103,7 +103,7 @@ class LLM:
             enable_cuda_graphs=enable_cuda_graphs, check_invariants=check_invariants,
             attention_backend=backend)
 
-    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+    # %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -131,7 +131,7 @@ class LLM:
             output.prompt = text
         return outputs
 
-    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+    # %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue one prompt; returns its request id, ``request_id`` if given (nothing is
@@ -159,11 +159,11 @@ class LLM:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.llm_engine.last_run_stats()
 
-    # %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+    # %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
     @property
     def model(self):
-        """The model the engine runs (chapter 13's ``FastQwen3Model``, prefilling with
-        chapter 14's paged kernel; chapter 9's model
+        """The model the engine runs (chapter 14's ``FastQwen3Model``, prefilling with
+        chapter 15's paged kernel; chapter 9's model
         with the PyTorch attention backend)."""
         return self.llm_engine.model
 
@@ -196,7 +196,7 @@ class LLM:
         return getattr(self.llm_engine.loop, "overlapped_steps", 0)
 
 
-# %% chapters/14_prefill_and_overlap.md § The assembled engine: minipaged.LLM
+# %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 def _chat_prompts(tokenizer, messages, chat_template_kwargs: dict | None) -> list[str]:
     """One conversation (a list of ``{"role", "content"}`` dicts) or a list of them, each
     rendered by ``tokenizer``'s chat template with the assistant's turn opened."""

@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § What to measure
+# %% chapters/17_openai_server.md § What to measure
 """Prometheus metrics of a server, with vLLM's names under the ``minipaged:`` prefix."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    # %% chapters/16_openai_server.md § What to measure
+    # %% chapters/17_openai_server.md § What to measure
     def observe(self, stats, progress) -> None:
         """Update every metric after a step from the engine's ``EngineStats`` and the step's
         progress (called by whoever owns the engine: its loop thread, or the core process)."""
@@ -95,7 +95,7 @@ class ServerMetrics:
                 self.recent_tpot.append(tpot)
 
 
-# %% chapters/16_openai_server.md § What to measure
+# %% chapters/17_openai_server.md § What to measure
 def render_metrics(owner) -> bytes:
     """``/metrics``'s text, made where the engine steps and the metrics are kept (``await
     owner.call(render_metrics)``): the engine core process, or the engine loop's thread."""

@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § The OpenAI protocol
+# %% chapters/17_openai_server.md § The OpenAI protocol
 """The request bodies of OpenAI's completions and chat API, and its error shape."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def error_body(message: str, type: str, param: str | None = None,
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-# %% chapters/16_openai_server.md § The OpenAI protocol
+# %% chapters/17_openai_server.md § The OpenAI protocol
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 

@@ -1,7 +1,7 @@
-# GENERATED from chapters/16_openai_server.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/17_openai_server.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/16_openai_server.md § The OpenAI protocol
+# %% chapters/17_openai_server.md § The OpenAI protocol
 """An OpenAI-compatible HTTP server in front of an ``EngineLoop`` (FastAPI).
 
 ``create_app(llm, ...)`` builds the app: ``/v1/models``, ``/v1/completions``,
@@ -40,7 +40,7 @@ from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
 __all__ = ["create_app", "prompt_token_ids", "sampling_params"]
 
 
-# %% chapters/16_openai_server.md § The OpenAI protocol
+# %% chapters/17_openai_server.md § The OpenAI protocol
 def prompt_token_ids(body, tokenizer) -> list[int]:
     """The prompt of a completions or chat body as token ids."""
     if isinstance(body, ChatCompletionRequest):
@@ -65,7 +65,7 @@ def prompt_token_ids(body, tokenizer) -> list[int]:
     return list(ids)
 
 
-# %% chapters/16_openai_server.md § The OpenAI protocol
+# %% chapters/17_openai_server.md § The OpenAI protocol
 def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
     """The body's sampling fields as ``SamplingParams``; ``OpenAIError`` (400) if invalid."""
     if isinstance(body, ChatCompletionRequest):
@@ -98,7 +98,7 @@ def sampling_params(body, num_prompt_tokens: int, max_model_len: int) -> Samplin
         raise OpenAIError(400, str(error), param=str(error).split(" ", 1)[0])
 
 
-# %% chapters/16_openai_server.md § Streaming
+# %% chapters/17_openai_server.md § Streaming
 @dataclass
 class _Answer:
     """What every chunk of one answer repeats."""
@@ -130,7 +130,7 @@ class _Answer:
                     "finish_reason": reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
-    # %% chapters/16_openai_server.md § Streaming
+    # %% chapters/17_openai_server.md § Streaming
     def logprobs(self, d: SampleDelta) -> dict | None:
         """The log-probabilities of ``d``'s tokens in OpenAI's shape (chat or completions)."""
         if self.top_logprobs is None or d.logprobs is None:
@@ -179,7 +179,7 @@ class _Answer:
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-# %% chapters/16_openai_server.md § Streaming
+# %% chapters/17_openai_server.md § Streaming
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
@@ -191,7 +191,7 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_OF = _byte_level_alphabet()
 
 
-# %% chapters/16_openai_server.md § Streaming
+# %% chapters/17_openai_server.md § Streaming
 DISCONNECT_CHECK_S = 0.1
 """how often a stream asks whether its client left (Starlette also cancels a stream whose
 client is gone; asking at every step would cost more than writing the chunks)"""
@@ -228,7 +228,7 @@ async def _events(answer: _Answer, stream, request: Request, include_usage: bool
     yield "data: [DONE]\n\n"
 
 
-# %% chapters/16_openai_server.md § Streaming
+# %% chapters/17_openai_server.md § Streaming
 async def _collect(answer: _Answer, stream) -> dict:
     """The whole answer of a request that is not streamed."""
     whole = [SampleDelta(i, "", [], None, []) for i in range(answer.n)]
@@ -259,7 +259,7 @@ async def _collect(answer: _Answer, stream) -> dict:
             "choices": choices, "usage": answer.usage(completion, cached)}
 
 
-# %% chapters/16_openai_server.md § The app
+# %% chapters/17_openai_server.md § The app
 class _BodyLimit:
     """ASGI middleware: refuse a request body over ``limit`` bytes (413)."""
 
@@ -307,7 +307,7 @@ class _RequireKey:
         return await self.app(scope, receive, send)
 
 
-# %% chapters/16_openai_server.md § The app
+# %% chapters/17_openai_server.md § The app
 def _install_errors(app: FastAPI) -> None:
     """Every error in OpenAI's shape."""
 
@@ -330,7 +330,7 @@ def _install_errors(app: FastAPI) -> None:
                             status_code=error.status_code, headers=error.headers)
 
 
-# %% chapters/16_openai_server.md § The app
+# %% chapters/17_openai_server.md § The app
 def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
                api_key: str | None = None, max_waiting: int | None = 256,
                max_body_bytes: int = 1 << 20, engine_core: str = "auto") -> FastAPI:
@@ -391,7 +391,7 @@ def create_app(llm, *, model_name: str = "minipaged", tokenizer=None,
     return app
 
 
-# %% chapters/16_openai_server.md § The app
+# %% chapters/17_openai_server.md § The app
 def _engine_owner(llm, engine_core: str, max_waiting: int | None, model_name: str):
     """The engine's one owner: an ``EngineCoreClient`` (a process) or an ``EngineLoop``;
     ``llm`` may be one already (``minipaged serve`` starts its core before the app)."""
@@ -411,7 +411,7 @@ def _engine_owner(llm, engine_core: str, max_waiting: int | None, model_name: st
                             max_waiting=max_waiting)
 
 
-# %% chapters/16_openai_server.md § The app
+# %% chapters/17_openai_server.md § The app
 def _routes(app: FastAPI, serve, model_name: str, engine_loop: EngineLoop) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -27,7 +27,7 @@ __all__ = [
     "DECODE_ATTENTION",
     "PagedAttentionError",
     "choose_num_splits",
-    # the launcher that the later decode kernels plug into (chapter 12, the appendix)
+    # the launcher that the later decode kernels plug into (chapter 13, the appendix)
     "launch_decode",
     "DecodePlan",
     "SplitPlan",

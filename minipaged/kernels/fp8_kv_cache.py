@@ -1,7 +1,7 @@
-# GENERATED from chapters/12_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/13_fp8_kv_cache.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/12_fp8_kv_cache.md § The idea: eight bits and a scale
+# %% chapters/13_fp8_kv_cache.md § The idea: eight bits and a scale
 """An FP8 paged KV cache: e4m3 blocks with one scale per (slot, KV head)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def fp8_supported(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-# %% chapters/12_fp8_kv_cache.md § Version 2: the FP8 paged cache
+# %% chapters/13_fp8_kv_cache.md § Version 2: the FP8 paged cache
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` as e4m3 with one fp32 scale per row (``amax / 448``), in torch."""
     x = x.float()
@@ -61,7 +61,7 @@ def fp8_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     return 2 * num_layers * num_kv_heads * (head_dim + scale_bytes)
 
 
-# %% chapters/12_fp8_kv_cache.md § Version 2: the FP8 paged cache
+# %% chapters/13_fp8_kv_cache.md § Version 2: the FP8 paged cache
 class Fp8PagedKVCache(PagedKVCache):
     """A ``PagedKVCache`` whose blocks hold e4m3 values, each (slot, KV head) row of K
     and V with its own fp32 scale in ``scales[layer, 0|1, block, head, token]``.
@@ -92,7 +92,7 @@ class Fp8PagedKVCache(PagedKVCache):
     def __repr__(self) -> str:
         return "Fp8" + super().__repr__()
 
-    # %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
+    # %% chapters/13_fp8_kv_cache.md § Writing: scale, saturate, round
     def _checked_write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                        slot_mapping: torch.Tensor, check_slots: bool | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +133,7 @@ class Fp8PagedKVCache(PagedKVCache):
             HEAD_DIM=self.head_dim, HEADS_PAD=triton.next_power_of_2(self.num_kv_heads),
             DIM_PAD=triton.next_power_of_2(self.head_dim), FP8_MAX=FP8_MAX)
 
-    # %% chapters/12_fp8_kv_cache.md § Reading back, and moving blocks
+    # %% chapters/13_fp8_kv_cache.md § Reading back, and moving blocks
     def gather(self, layer: int, block_table, num_tokens: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one sequence dequantized to fp32, ``[num_tokens, H_kv, D]`` each.
@@ -180,7 +180,7 @@ class Fp8PagedKVCache(PagedKVCache):
         """Blocks ``(cpu_block, gpu_block)`` of ``cpu_cache`` and their scales back."""
         _swap(cpu_cache, self, pairs)
 
-    # %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
+    # %% chapters/13_fp8_kv_cache.md § Values in pairs of bytes
     def paged_attention(self, query: torch.Tensor, layer: int, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float | None = None,
                         num_splits: int | None = None, check_tables: bool | None = None,
@@ -210,7 +210,7 @@ class Fp8PagedKVCache(PagedKVCache):
             **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
 
 
-# %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
+# %% chapters/13_fp8_kv_cache.md § Writing: scale, saturate, round
 @triton.jit
 def _round_to_e4m3(x):
     """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even.
@@ -242,7 +242,7 @@ def _quantize_rows(x, FP8_MAX: tl.constexpr):
     return _round_to_e4m3(scaled).to(tl.float8e4nv), scale    # the cast is exact
 
 
-# %% chapters/12_fp8_kv_cache.md § Writing: scale, saturate, round
+# %% chapters/13_fp8_kv_cache.md § Writing: scale, saturate, round
 @triton.jit
 def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                       v_scale_ptr, slot_ptr, num_slots, stride_kn, stride_kh,
@@ -274,7 +274,7 @@ def _write_fp8_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
     tl.store(v_scale_ptr + scale_dst, v_scale, mask=head_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md § Reading back, and moving blocks
+# %% chapters/13_fp8_kv_cache.md § Reading back, and moving blocks
 def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
     """Chapter 7's staged block copy, for the values seen as bytes, then the scales."""
     if not isinstance(dst, Fp8PagedKVCache):
@@ -287,7 +287,7 @@ def _swap(src: Fp8PagedKVCache, dst: Fp8PagedKVCache, pairs) -> None:
         copy_blocks_between(a, b, pairs)
 
 
-# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
+# %% chapters/13_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
     """Words of two e4m3 values (int16) as (low bytes, high bytes): fp16 on a GPU,
@@ -302,7 +302,7 @@ def _e4m3_pairs(pairs, INTERPRETED: tl.constexpr):
         "=h,=h,h", [pairs], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
-# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
+# %% chapters/13_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
                       head_base, scale_head_base, start, end, stride_block,
@@ -353,7 +353,7 @@ def _attend_fp8_tiles(q, q_scale, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, table_row,
     return m, l, even, odd
 
 
-# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
+# %% chapters/13_fp8_kv_cache.md § Values in pairs of bytes
 @triton.jit
 def _fp8_decode_kernel(
         q_ptr, k_ptr, v_pairs_ptr, ks_ptr, vs_ptr, tables_ptr, lens_ptr, out_ptr,
@@ -398,7 +398,7 @@ def _fp8_decode_kernel(
         tl.store(part_ml_ptr + 2 * part + 1, l, mask=row_ok)
 
 
-# %% chapters/12_fp8_kv_cache.md § Values in pairs of bytes
+# %% chapters/13_fp8_kv_cache.md § Values in pairs of bytes
 class Fp8Launch(NamedTuple):
     """How the fp8 decode kernel is launched."""
     tile: int                           # tokens per loop step
@@ -420,7 +420,7 @@ def _fp8_launch_config(head_dim: int, device: torch.device, split: bool,
                      programs_per_sm=4)                          # see below
 
 
-# %% chapters/12_fp8_kv_cache.md § The engine with kv_cache_dtype
+# %% chapters/13_fp8_kv_cache.md § The engine with kv_cache_dtype
 def new_fp8_cache(model, num_blocks: int, block_size: int) -> Fp8PagedKVCache:
     """An empty ``Fp8PagedKVCache`` for ``model``; a ``KVCacheError`` where FP8 is missing."""
     c, device = model.config, model.device

@@ -1,12 +1,12 @@
-# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/14_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md § Residual add and RMSNorm
+# %% chapters/14_fast_engine.md § Residual add and RMSNorm
 """Fused glue kernels of a decode step, each beside its unfused reference.
 
 Residual add and RMSNorm in one kernel, QK-norm and RoPE in one, SiLU times the up
 projection in one, and a whole batch's sampling in one (the Gumbel-max trick on Philox
-noise). Chapter 13's fast model (``minipaged.model.fast_qwen3``) and fused sampler
+noise). Chapter 14's fast model (``minipaged.model.fast_qwen3``) and fused sampler
 (``minipaged.engine.fused_sampler``) are built from them.
 """
 
@@ -21,7 +21,7 @@ __all__ = ["add_rms_norm_reference", "add_rms_norm", "qk_norm_rope", "silu_mul_r
            "silu_mul", "sample_fused"]
 
 
-# %% chapters/13_fast_engine.md § Residual add and RMSNorm
+# %% chapters/14_fast_engine.md § Residual add and RMSNorm
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
                            weight: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +36,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None,
     return weight * normed.to(x.dtype), residual
 
 
-# %% chapters/13_fast_engine.md § Residual add and RMSNorm
+# %% chapters/14_fast_engine.md § Residual add and RMSNorm
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
                          stride_x, stride_res, stride_out, HIDDEN: tl.constexpr,
@@ -80,7 +80,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, res_out
 
 
-# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
+# %% chapters/14_fast_engine.md § QK-norm and RoPE in one kernel
 @triton.jit
 def _norm_rope_heads(src_ptr, dst_ptr, w_ptr, cos, sin, eps,
                      NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -126,7 +126,7 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
                      NUM_KV_HEADS, KV_PAD, HALF, HALF_PAD, NORM)
 
 
-# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
+# %% chapters/14_fast_engine.md § QK-norm and RoPE in one kernel
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                  cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -162,7 +162,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     return q, k, v
 
 
-# %% chapters/13_fast_engine.md § SiLU times up
+# %% chapters/14_fast_engine.md § SiLU times up
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """Unfused: ``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape [N, 2I]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -198,7 +198,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# %% chapters/13_fast_engine.md § Sampling in one kernel
+# %% chapters/14_fast_engine.md § Sampling in one kernel
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, keys_ptr, inv_temp_ptr, out_ptr, stride_row, vocab,
                           BLOCK: tl.constexpr):

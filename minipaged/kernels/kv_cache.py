@@ -22,7 +22,7 @@ __all__ = [
     "ATTENTION_BACKENDS",
     "write_kv_reference",
     "copy_blocks_reference",
-    # shared with chapter 12's FP8 cache
+    # shared with chapter 13's FP8 cache
     "block_pairs",
     "copy_blocks_kernel",
     "copy_blocks_between",

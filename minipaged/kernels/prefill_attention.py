@@ -1,14 +1,14 @@
-# GENERATED from chapters/14_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/15_prefill_and_overlap.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/14_prefill_and_overlap.md § A paged prefill kernel
+# %% chapters/15_prefill_and_overlap.md § A paged prefill kernel
 """Prefill attention over the paged cache in one kernel: ``paged_prefill_attention``.
 
 Every key a prefill query may see, cached prefix and new tokens alike, is read from the
 block pool through its sequence's block table (``cache.write`` has stored the new ones),
 so a ragged batch of prompts, cached prefixes, chunks of a chunked prefill and one-token
 decode rows takes one launch per layer. ``plan_paged_prefill`` is the prefill part that
-chapter 13's fast model takes (``FastQwen3Model.plan_prefill``). A ``batch`` argument is
+chapter 14's fast model takes (``FastQwen3Model.plan_prefill``). A ``batch`` argument is
 chapter 9's ``ForwardBatch``, read by its fields only: a kernel imports no model.
 """
 
@@ -57,14 +57,14 @@ class PrefillPlan:
         tiles = tiles.to(device, non_blocking=True)
         return cls(tiles[0, :n], tiles[1, :n], meta.to(device, non_blocking=True), block_m)
 
-    # %% chapters/14_prefill_and_overlap.md § The kernel as the model's prefill part
+    # %% chapters/15_prefill_and_overlap.md § The kernel as the model's prefill part
     def attend(self, query: torch.Tensor, cache: PagedKVCache, layer: int,
                batch: ForwardBatch, scale: float) -> torch.Tensor:
         """One layer's prefill attention of ``query [N, Hq, D]`` by the paged kernel."""
         return paged_prefill_attention(query, cache, layer, batch, scale, self)
 
 
-# %% chapters/14_prefill_and_overlap.md § A paged prefill kernel
+# %% chapters/15_prefill_and_overlap.md § A paged prefill kernel
 @triton.jit(do_not_specialize=["stride_meta", "stride_table"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr,
                           tile_start_ptr, meta_ptr, stride_meta, scale_log2, group,
@@ -101,7 +101,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
         kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
         k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=FP32_PRECISION) * scale_log2
-        if FP8:  # chapter 12's per-(slot, head) scales: on scores and probabilities
+        if FP8:  # chapter 13's per-(slot, head) scales: on scores and probabilities
             scales = (block * stride_sblock + (head // group) * stride_shead
                       + pos % BLOCK_SIZE)
             s = s * tl.load(ks_ptr + scales, mask=valid, other=0.0)[None, :]
@@ -121,7 +121,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seq_ptr
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-# %% chapters/14_prefill_and_overlap.md § A paged prefill kernel
+# %% chapters/15_prefill_and_overlap.md § A paged prefill kernel
 def prefill_tiles(device: torch.device) -> tuple[int, int]:
     """(query tile, key tile) of the paged prefill kernel: 64 on a GPU, else 16."""
     return (64, 64) if device.type == "cuda" else (16, 16)
@@ -129,7 +129,7 @@ def prefill_tiles(device: torch.device) -> tuple[int, int]:
 
 def reads_pool_directly(cache: PagedKVCache, dtype: torch.dtype) -> bool:
     """Whether ``paged_prefill_attention`` may read ``cache``'s storage: plain K/V in
-    ``dtype``, or chapter 12's e4m3 blocks with their scales."""
+    ``dtype``, or chapter 13's e4m3 blocks with their scales."""
     if type(cache) is Fp8PagedKVCache:
         return True
     return (type(cache).gather is PagedKVCache.gather
@@ -166,10 +166,10 @@ def paged_prefill_attention(query: torch.Tensor, cache: PagedKVCache, layer: int
     return out
 
 
-# %% chapters/14_prefill_and_overlap.md § The kernel as the model's prefill part
+# %% chapters/15_prefill_and_overlap.md § The kernel as the model's prefill part
 def plan_paged_prefill(batch: ForwardBatch, cache: PagedKVCache,
                        dtype: torch.dtype) -> PrefillPlan | None:
-    """The prefill part of chapter 13's fast model: a plan for ``paged_prefill_attention``,
+    """The prefill part of chapter 14's fast model: a plan for ``paged_prefill_attention``,
     or None (chapter 9's ``prefill_attention``) when the batch has no block tables or the
     cache does not qualify (``reads_pool_directly``)."""
     if batch.block_tables is None or not reads_pool_directly(cache, dtype):
@@ -177,7 +177,7 @@ def plan_paged_prefill(batch: ForwardBatch, cache: PagedKVCache,
     return PrefillPlan.for_batch(batch, prefill_tiles(batch.input_ids.device)[0])
 
 
-# %% chapters/14_prefill_and_overlap.md § Chunked prefill, in the decode batch
+# %% chapters/15_prefill_and_overlap.md § Chunked prefill, in the decode batch
 def serves_mixed_batches(model, cache: PagedKVCache) -> bool:
     """Whether one forward may take a step's prefills and decodes together: when the
     paged prefill kernel serves the model's prefills (a decode is a prefill of one token)."""

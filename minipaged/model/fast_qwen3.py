@@ -1,7 +1,7 @@
-# GENERATED from chapters/13_fast_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/14_fast_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/13_fast_engine.md § QK-norm and RoPE in one kernel
+# %% chapters/14_fast_engine.md § QK-norm and RoPE in one kernel
 """A faster Qwen3 on the paged cache: chapter 9's model with fused kernels, same outputs.
 
 The model computes what chapter 9's does, with fewer kernels: the fused glue of
@@ -9,7 +9,7 @@ The model computes what chapter 9's does, with fewer kernels: the fused glue of
 written through its own ``write`` and decode reads go through ``paged_decode``, so any
 cache with chapter 7's interface serves it. Prefill runs chapter 9's
 ``prefill_attention`` unless the model is given a prefill part (``plan_prefill``:
-chapter 14's paged prefill kernel is one).
+chapter 15's paged prefill kernel is one).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def qk_norm_rope_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
             v.view(n, num_kv_heads, head_dim))
 
 
-# %% chapters/13_fast_engine.md § Fused projections
+# %% chapters/14_fast_engine.md § Fused projections
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One ``nn.Linear`` whose output is the outputs of ``linears`` side by side.
 
@@ -77,7 +77,7 @@ def fused_weight_bytes(config, dtype_bytes: int) -> int:
     return c.num_hidden_layers * per_layer
 
 
-# %% chapters/13_fast_engine.md § The fast model
+# %% chapters/14_fast_engine.md § The fast model
 class FastQwen3Attention(nn.Module):
     """Chapter 9's attention with one QKV GEMM and the fused QK-norm + RoPE kernel."""
 
@@ -123,7 +123,7 @@ class FastQwen3MLP(nn.Module):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
-# %% chapters/13_fast_engine.md § The fast model
+# %% chapters/14_fast_engine.md § The fast model
 class FastQwen3Layer(nn.Module):
     """Decoder layer whose residual adds are fused into the following RMSNorm."""
 
@@ -146,7 +146,7 @@ class FastQwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-# %% chapters/13_fast_engine.md § The fast model
+# %% chapters/14_fast_engine.md § The fast model
 class FastQwen3Model(Qwen3PagedModel):
     """Chapter 9's model with fused glue kernels and fused projections, same outputs.
 
@@ -160,7 +160,7 @@ class FastQwen3Model(Qwen3PagedModel):
     @classmethod
     def from_paged(cls, model: Qwen3PagedModel, plan_prefill=None) -> FastQwen3Model:
         """The fast twin of ``model``; every tensor not fused is shared with it.
-        ``plan_prefill``: the prefill part, if any (chapter 14's paged kernel)."""
+        ``plan_prefill``: the prefill part, if any (chapter 15's paged kernel)."""
         with torch.device("meta"):  # the layers are replaced below: build nothing real
             fast = cls(model.config)
         fast.embed_tokens, fast.norm = model.embed_tokens, model.norm
@@ -190,7 +190,7 @@ class FastQwen3Model(Qwen3PagedModel):
         return self.lm_head(x)
 
 
-# %% chapters/13_fast_engine.md § The fast engine
+# %% chapters/14_fast_engine.md § The fast engine
 def as_fast_model(model: Qwen3PagedModel, plan_prefill=None) -> FastQwen3Model:
     """The engine's model part: chapter 9's paged model made fast (weights shared), with
     the prefill part ``plan_prefill`` if one is given."""

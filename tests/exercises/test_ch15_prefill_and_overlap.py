@@ -1,4 +1,4 @@
-"""Checks for the chapter 14 exercises (exercises/ch14_prefill_and_overlap.py)."""
+"""Checks for the chapter 15 exercises (exercises/ch15_prefill_and_overlap.py)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from minipaged.kernels.prefill_attention import PrefillPlan  # before triton: th
 from minipaged.model.qwen3 import ForwardBatch
 from tests.exercises.answers import load, reference
 
-ex = load("ch14_prefill_and_overlap")
+ex = load("ch15_prefill_and_overlap")
 
 
 # -- 14.1: query tiles of a prefill batch, graded with planted bugs -----------------------------
@@ -75,7 +75,7 @@ def test_14_1_multiples_of_the_tile_hide_the_missing_partial_tile():
 #
 # The learner gives, for each wrong planner below, a scheduler state on which it answers
 # otherwise than the chapter's rule. The rule is written here, condition by condition; a grader
-# self-test checks that it is what chapter 14's OverlapScheduler.next_is_decode decides.
+# self-test checks that it is what chapter 15's OverlapScheduler.next_is_decode decides.
 
 FIELDS = ("running", "num_waiting", "num_swapped", "free_blocks", "max_num_seqs",
           "max_num_batched_tokens")
@@ -153,7 +153,7 @@ def test_14_2_a_state_exposes_the_wrong_planner(wrong):
 @pytest.mark.grader
 @pytest.mark.parametrize("wrong", WRONG_PLANNERS)
 def test_14_2_the_grader_passes_the_reference(wrong):
-    exposes(wrong, reference("ch14_prefill_and_overlap").exposing_states()[wrong])
+    exposes(wrong, reference("ch15_prefill_and_overlap").exposing_states()[wrong])
 
 
 OK = dict(running=[(10, 3, 12), (5, 1, 5), (40, 7, 46)], num_waiting=0, num_swapped=0,
@@ -190,7 +190,7 @@ def test_14_2_the_grader_rejects_impossible_states(state):
 
 
 def next_is_decode_of(state):
-    """Chapter 14's ``OverlapScheduler.next_is_decode`` in ``state``."""
+    """Chapter 15's ``OverlapScheduler.next_is_decode`` in ``state``."""
     from collections import deque
     from types import SimpleNamespace
 
@@ -210,12 +210,12 @@ def next_is_decode_of(state):
 
 @pytest.mark.grader
 def test_14_2_the_graders_rule_is_the_chapters():
-    """The rule the states are judged by decides as chapter 14's scheduler does, on the
+    """The rule the states are judged by decides as chapter 15's scheduler does, on the
     reference's states, the grader's own, and states drawn at random."""
     import random
 
     rng = random.Random(0)
-    states = [OK, *reference("ch14_prefill_and_overlap").exposing_states().values()]
+    states = [OK, *reference("ch15_prefill_and_overlap").exposing_states().values()]
     for _ in range(400):   # mostly decoding sequences, one or two fields in the way
         running = []
         for _ in range(rng.randint(0, 4)):
@@ -237,7 +237,7 @@ def test_14_2_the_graders_rule_is_the_chapters():
 @pytest.mark.grader
 def test_14_1_the_plan_agrees_with_the_kernel_input():
     """The definition the exercise is graded by is the kernel's: the same tiles as the plan
-    chapter 14's kernel launches over (for batches whose sequences all have new tokens)."""
+    chapter 15's kernel launches over (for batches whose sequences all have new tokens)."""
     for query_lens, block_m in CASES:
         if query_lens and min(query_lens) > 0:
             assert expected_tiles(query_lens, block_m) == kernel_plan_tiles(query_lens, block_m)
@@ -251,8 +251,8 @@ def test_14_2_the_chapters_example_exposes_its_planner():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "chapters"
-            / "14_prefill_and_overlap.md").read_text()
-    exercise = text[text.index(":::{exercise} 14.2"):]
+            / "15_prefill_and_overlap.md").read_text()
+    exercise = text[text.index(":::{exercise} 15.2"):]
     source = exercise[exercise.index("```python\n") + 10:]
     (name, state), = eval("{" + source[:source.index("```")] + "}", {"dict": dict}).items()
     assert name == "ignores_swapped"

@@ -1,4 +1,4 @@
-"""Chapter 12 exercises: reference solutions."""
+"""Chapter 13 exercises: reference solutions."""
 
 import torch
 
@@ -6,7 +6,7 @@ FP8_MAX = 448.0
 
 
 def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Exercise 12.1: spacing 2**(e - 3) in [2**e, 2**(e+1)), 2**-9 below 2**-6."""
+    """Exercise 13.1: spacing 2**(e - 3) in [2**e, 2**(e+1)), 2**-9 below 2**-6."""
     x = x.float().clamp(-FP8_MAX, FP8_MAX)
     _, exponent = torch.frexp(x)                   # |x| in [2**(exponent-1), 2**exponent)
     spacing = torch.ldexp(torch.ones_like(x), (exponent - 1 - 3).clamp(min=-9))
@@ -15,7 +15,7 @@ def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def append_row(codes: torch.Tensor, scale: float, num_filled: int,
                row: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Exercise 12.2: the first row sets the scale; later ones only grow it, re-quantizing
+    """Exercise 13.2: the first row sets the scale; later ones only grow it, re-quantizing
     the stored rows."""
     codes = codes.clone()
     amax = float(row.abs().max())

@@ -1,4 +1,4 @@
-"""Checks for the chapter 15 exercises (exercises/ch15_serving.py)."""
+"""Checks for the chapter 16 exercises (exercises/ch16_serving.py)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams
 from tests.exercises.answers import load, reference
 
-ex = load("ch15_serving")
+ex = load("ch16_serving")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
@@ -65,7 +65,7 @@ def stops_at_unknown(engine, live, gone):  # an id that already finished raises
 
 @pytest.mark.grader
 def test_15_1_a_correct_answer_passes_the_grading(model):
-    grade_abort(model, reference("ch15_serving").abort_disconnected)
+    grade_abort(model, reference("ch16_serving").abort_disconnected)
 
 
 @pytest.mark.grader

@@ -1,11 +1,11 @@
-"""Chapter 16 exercises: reference solutions."""
+"""Chapter 17 exercises: reference solutions."""
 
 import json
 
 
 def check_stream(lines: list[str], include_usage: bool = False,
                  stop: tuple[str, ...] = ()) -> str:
-    """Exercise 16.3: the answer's text if the stream of a chat answer is well formed."""
+    """Exercise 17.3: the answer's text if the stream of a chat answer is well formed."""
     assert lines and lines[-1] == "data: [DONE]", "the stream must end with data: [DONE]"
     chunks = []
     for line in lines[:-1]:

@@ -1,4 +1,4 @@
-"""Checks for the chapter 13 exercises (exercises/ch13_fast_engine.py)."""
+"""Checks for the chapter 14 exercises (exercises/ch14_fast_engine.py)."""
 
 import json
 
@@ -13,7 +13,7 @@ import triton.language as tl  # noqa: E402
 from minipaged.runtime import results_path  # noqa: E402
 from tests.exercises.answers import load
 
-ex = load("ch13_fast_engine")
+ex = load("ch14_fast_engine")
 
 
 # -- 13.1: a fused RMSNorm for any hidden size, graded with planted bugs ---------------------
@@ -91,7 +91,7 @@ def test_13_1_a_padded_mean_hides_at_power_of_two_sizes():
 # -- 13.2: predictions of what fusion can win, against the recorded profile of chapter 11 -------
 
 def fusion_truth():
-    """The three answers of exercise 13.2, from the record the chapter's table shows."""
+    """The three answers of exercise 14.2, from the record the chapter's table shows."""
     window = json.loads(results_path("engine_profile_h200.json").read_text())["window"]
     rows = {row["class"]: row for row in window["classes"]}
     total, host = window["gpu_us_per_step"], window["host_us_per_step"]

@@ -1,4 +1,4 @@
-"""Chapter 13 reference solutions."""
+"""Chapter 14 reference solutions."""
 
 import heapq
 import json

@@ -1,8 +1,8 @@
-"""Chapter 15 exercises: reference solutions."""
+"""Chapter 16 exercises: reference solutions."""
 
 
 def abort_disconnected(engine, live: dict[str, str], gone: set[str]) -> int:
-    """Exercise 15.1: abort and forget each request of ``gone`` still in ``live``."""
+    """Exercise 16.1: abort and forget each request of ``gone`` still in ``live``."""
     aborted = 0
     for request_id in sorted(gone):
         engine_id = live.pop(request_id, None)

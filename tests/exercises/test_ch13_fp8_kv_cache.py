@@ -1,4 +1,4 @@
-"""Checks for the chapter 12 exercises (exercises/ch12_fp8_kv_cache.py)."""
+"""Checks for the chapter 13 exercises (exercises/ch13_fp8_kv_cache.py)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from tests.exercises.answers import load
 
-ex = load("ch12_fp8_kv_cache")
+ex = load("ch13_fp8_kv_cache")
 FP8 = torch.float8_e4m3fn
 
 
@@ -68,7 +68,7 @@ def test_12_1_planted_bugs_fail_where_yours_passes(bug):
         grade_rounding(bug)
 
 
-# Exercise 12.2: a block of 16 rows of one head, appended one at a time with magnitudes that
+# Exercise 13.2: a block of 16 rows of one head, appended one at a time with magnitudes that
 # grow (and sometimes shrink). After every append each stored row must decode within two e4m3
 # steps of what was appended, nothing may saturate, and the scale must be as small as that
 # allows (the block's amax over 448, up to rounding).

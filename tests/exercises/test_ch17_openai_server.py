@@ -1,4 +1,4 @@
-"""Checks for the chapter 16 exercises (exercises/ch16_openai_server.py)."""
+"""Checks for the chapter 17 exercises (exercises/ch17_openai_server.py)."""
 
 import asyncio
 import json
@@ -9,12 +9,12 @@ import pytest
 
 from tests.exercises.answers import load, reference
 
-ex = load("ch16_openai_server")
+ex = load("ch17_openai_server")
 
 
 # -- 16.3: the learner's check of a streamed chat answer, graded by planted broken streams ------
 #
-# The streams are written here, chunk by chunk, in the shape chapter 16's server sends: a chunk
+# The streams are written here, chunk by chunk, in the shape chapter 17's server sends: a chunk
 # that opens the assistant's turn, one chunk per step that made a token (an empty delta when the
 # step's bytes are held back), the finish_reason on the last one, a usage chunk when asked, and
 # `data: [DONE]`. A correct check accepts every well-formed stream (and returns its text) and
@@ -206,7 +206,7 @@ LAX = ["done", "role", "finish", "finish only last", "usage", "usage anywhere", 
 
 @pytest.mark.grader
 def test_16_3_the_grader_passes_the_reference_and_a_check_of_every_rule():
-    grade_check_stream(reference("ch16_openai_server").check_stream)
+    grade_check_stream(reference("ch17_openai_server").check_stream)
     grade_check_stream(lax_check(skip=None))
 
 
@@ -235,7 +235,7 @@ def test_16_3_the_grader_rejects_checks_that_accept_or_reject_everything():
 @pytest.mark.grader
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_16_3_the_servers_own_streams_are_well_formed(include_usage):
-    """What the grader calls well formed is what chapter 16's server sends: its stream of a
+    """What the grader calls well formed is what chapter 17's server sends: its stream of a
     chat answer whose steps made the texts of BYTES passes the grader's check of every rule."""
     from minipaged.entrypoints.engine_bridge import SampleDelta
     from minipaged.entrypoints.openai_server import _Answer, _events
@@ -275,10 +275,10 @@ def test_16_3_the_servers_own_streams_are_well_formed(include_usage):
 @pytest.mark.grader
 def test_16_3_the_chapters_example_is_well_formed():
     """The stream the exercise shows is accepted, and its text is the one the exercise names."""
-    text = (Path(__file__).resolve().parents[2] / "chapters" / "16_openai_server.md").read_text()
-    exercise = text[text.index(":::{exercise} 16.3"):]
+    text = (Path(__file__).resolve().parents[2] / "chapters" / "17_openai_server.md").read_text()
+    exercise = text[text.index(":::{exercise} 17.3"):]
     example = exercise[exercise.index("```text\n") + 8:]
     lines = example[:example.index("```")].strip().splitlines()
     assert lines[-1] == "data: [DONE]" and len(lines) == 5
-    assert reference("ch16_openai_server").check_stream(lines) == "Café"
+    assert reference("ch17_openai_server").check_stream(lines) == "Café"
     assert lax_check(skip=None)(lines) == "Café"

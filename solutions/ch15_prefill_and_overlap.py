@@ -1,4 +1,4 @@
-"""Chapter 14 reference solutions."""
+"""Chapter 15 reference solutions."""
 
 
 def query_tiles(query_lens: list[int], block_m: int) -> list[tuple[int, int]]:
@@ -7,7 +7,7 @@ def query_tiles(query_lens: list[int], block_m: int) -> list[tuple[int, int]]:
 
 
 def exposing_states() -> dict[str, dict]:
-    """Exercise 14.2: for each wrong planner, a state on which it answers otherwise than the
+    """Exercise 15.2: for each wrong planner, a state on which it answers otherwise than the
     rule. Each state differs from a plain decode step of three sequences in one field."""
     decoding = [(10, 3, 12), (5, 1, 5), (40, 7, 46)]   # one uncomputed token, outputs > 0 each
     plain = dict(running=decoding, num_waiting=0, num_swapped=0, free_blocks=8,
