@@ -33,7 +33,7 @@ help:
 	@echo "                      (RECORD=gpu-out/gpu_run_<date>.json folds a run into the ledger first)"
 	@echo "make browser-check    build the book and check pages in headless Chromium"
 	@echo "make twin-screenshot  _static/colab_twin_rendered.png: a Colab twin rendered (nbconvert, Chromium)"
-	@echo "                      (TWIN=notebooks/11_engine.ipynb for another)"
+	@echo "                      (TWIN=notebooks/12_engine.ipynb for another)"
 	@echo "make clean            remove _build, gpu-out and .pytest_cache"
 	@echo "make help             this list"
 

@@ -1,11 +1,11 @@
-"""Chapter 11's engine against chapter 14's, and chapter 14's fused kernels against their references.
+"""Chapter 12's engine against chapter 14's, and chapter 14's fused kernels against their references.
 
     python benchmarks/bench_fast_engine.py --out DIR [--mode engines|kernels|both] [--quick]
                                            [--num-requests N] [--max-tokens T] [--check]
                                            [--workload course|nanovllm]
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
-uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 11's ``minipaged.engine.llm_engine.LLMEngine`` and
+uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 12's ``minipaged.engine.llm_engine.LLMEngine`` and
 chapter 14's ``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
 ``FAST_PARTS``), each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
@@ -25,7 +25,7 @@ Writes DIR/fused_kernels_h200.json.
 uniform in 100-1024, each request's output length uniform in 100-1024 (seeded), EOS ignored, sampled at
 temperature 0.6. Its file is DIR/fast_engine_nanovllm_h200.json.
 
-``--engines`` picks the engines (default all six, built by ``ENGINES``: ``engine``, chapter 11's
+``--engines`` picks the engines (default all six, built by ``ENGINES``: ``engine``, chapter 12's
 ``LLMEngine``; ``fast_engine``, ``minipaged.LLM`` (chapters 14 and 15); ``fast_engine_sync``,
 the fast engine with ``overlap_scheduling=False``, so that the overlap's share is measured,
 ``fast_engine_unchunked``, the fast engine with ``enable_chunked_prefill=False`` (whole prompts, run
@@ -61,7 +61,7 @@ from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity, 
 
 
 def chapter11_engine(model, **options):
-    """Chapter 11's engine: ``LLMEngine`` with its own parts."""
+    """Chapter 12's engine: ``LLMEngine`` with its own parts."""
     from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)
@@ -93,7 +93,7 @@ ENGINES = {
     "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.entrypoints.llm.LLM", False),
     "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.entrypoints.llm.LLM", True),
 }
-"""chapter 11's engine; chapter 14's; chapter 14's with one piece changed: no overlap, whole
+"""chapter 12's engine; chapter 14's; chapter 14's with one piece changed: no overlap, whole
 prompts, chapter 9's SDPA prefill (paged prefill off), chapter 13's e4m3 cache"""
 
 
@@ -311,7 +311,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--check", action="store_true",
-                        help="fp32 parity of chapter 11's engine first (GPU)")
+                        help="fp32 parity of chapter 12's engine first (GPU)")
     parser.add_argument("--workload", choices=["course", "nanovllm"], default="course",
                         help="course: 512 new tokens each, greedy; nanovllm: 100-1024, T=0.6")
     parser.add_argument("--engines", default=",".join(ENGINES),

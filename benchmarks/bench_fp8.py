@@ -11,7 +11,7 @@ Writes DIR/fp8_h200.json: {"device", "date", "command", "versions", "copy_bandwi
   size 16, shuffled blocks). Median µs (CUDA events, L2 flushed), speed-up, and the share of the
   measured copy bandwidth that each kernel's bytes reach (fp8 bytes include the scales).
 - ``engine``: the engine's course benchmark (bench_engine.py's workload and random Qwen3-0.6B-shaped
-  model, bf16) on chapter 13's engine (chapter 11's ``LLMEngine`` with ``FP8_ENGINE_PARTS``: its parts
+  model, bf16) on chapter 13's engine (chapter 12's ``LLMEngine`` with ``FP8_ENGINE_PARTS``: its parts
   plus the ``"fp8"`` cache format) with ``kv_cache_dtype="auto"`` and ``"fp8"``, one after the other
   in this process:
   output tokens/s, the blocks the cache got from the same memory, and how many generated tokens
@@ -52,7 +52,7 @@ from minipaged.kernels.kv_cache import PagedKVCache  # noqa: E402
 
 FP8_ENGINE_PARTS = EngineParts().with_cache_format("fp8", CacheFormat(new_fp8_cache,
                                                                     fp8_block_bytes))
-"""chapter 13's engine: chapter 11's parts, and ``kv_cache_dtype="fp8"``"""
+"""chapter 13's engine: chapter 12's parts, and ``kv_cache_dtype="fp8"``"""
 
 HEADS = (32, 8, 128)                                  # query heads, KV heads, head dim
 

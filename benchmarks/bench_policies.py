@@ -41,7 +41,7 @@ def percentile(values, q):
 
 def new_engine(model, **options):
     from minipaged import SamplingParams
-    from minipaged.engine.llm_engine import LLMEngine  # chapter 11's engine, whose policies chapter 10 compares
+    from minipaged.engine.llm_engine import LLMEngine  # chapter 12's engine, whose policies chapter 10 compares
 
     llm = LLMEngine(model, block_size=16, **options)
     llm.generate([[1 + i] * 32 for i in range(4)], SamplingParams(temperature=0.0, max_tokens=4),
@@ -166,7 +166,7 @@ def main() -> int:
         for mode in ("recompute", "swap"):
             row = run_offline(model, prompts, max_tokens, f"{mode}, {tight} blocks", num_blocks=tight,
                               preemption_mode=mode)
-            # in fp32 these are all equal (chapter 11 checks it); in bf16 a different batch or a
+            # in fp32 these are all equal (chapter 12 checks it); in bf16 a different batch or a
             # recomputed prefill can flip a near-tie of random weights
             row["requests_identical_to_reference"] = sum(a == b for a, b in zip(row["tokens"], reference))
             record(row)

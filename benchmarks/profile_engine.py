@@ -3,7 +3,7 @@
     python benchmarks/profile_engine.py [--out DIR] [--engine engine|fast_engine] [--quick]
                                         [--num-requests N] [--window STEPS]
 
-Runs chapter 11's engine (``--engine engine``, the default: ``minipaged.engine.llm_engine.LLMEngine``) or
+Runs chapter 12's engine (``--engine engine``, the default: ``minipaged.engine.llm_engine.LLMEngine``) or
 the package's (``--engine fast_engine``: ``minipaged.LLM``, i.e. ``minipaged.entrypoints.llm.LLM``; see ``ENGINES``)
 on bench_engine.py's model and workload (random bf16 Qwen3-0.6B shape, prompts uniform in 100-1024,
 512 new tokens, EOS ignored, greedy), one ``step()`` at a time. Every step is timed (the engine reads
@@ -46,7 +46,7 @@ from minipaged.memory.sizing import kv_bytes_per_token  # noqa: E402
 
 
 def chapter11_engine(model, **options):
-    """Chapter 11's engine: ``LLMEngine`` with its own parts."""
+    """Chapter 12's engine: ``LLMEngine`` with its own parts."""
     from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)

@@ -3,7 +3,7 @@
     python benchmarks/profile_step_phases.py [--out DIR] [--engine engine|fast_engine] [--quick]
                                              [--num-requests N] [--max-tokens N]
 
-Runs the package's engine (``--engine fast_engine``, the default: ``minipaged.LLM``) or chapter 11's
+Runs the package's engine (``--engine fast_engine``, the default: ``minipaged.LLM``) or chapter 12's
 (``--engine engine``: ``minipaged.engine.llm_engine.LLMEngine``) on bench_engine.py's model and workload (random
 bf16 Qwen3-0.6B shape, prompts uniform in 100-1024, 512 new tokens, EOS ignored, greedy) and wraps the
 methods of the engine's scheduler and model runner (``engine.runner``) with timers

@@ -15,7 +15,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def fusion_predictions() -> dict:
-    """Exercise 14.2: your predictions from chapter 11's profile, made before reading on.
+    """Exercise 14.2: your predictions from chapter 12's profile, made before reading on.
 
     ``"GPU ms with free glue"``: a step's GPU time in ms if every glue and copy kernel cost
     nothing (attention and the GEMMs unchanged); ``"step speed-up at most"``: how many times

@@ -1,4 +1,4 @@
-"""The engine (chapter 11) end to end on a tiny random Qwen3, against transformers' greedy generate."""
+"""The engine (chapter 12) end to end on a tiny random Qwen3, against transformers' greedy generate."""
 
 import random
 
@@ -27,7 +27,7 @@ def setup():
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 11", "chapter 14"])
+                                  ids=["chapter 12", "chapter 14"])
 
 
 def tokens(outputs):

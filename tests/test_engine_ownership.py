@@ -10,7 +10,7 @@ from minipaged.engine.llm_engine import EngineBusyError, LLMEngine
 from tests.test_engine import GREEDY, setup  # noqa: F401  (the tiny model, prompts, greedy reference)
 
 ENGINES = pytest.mark.parametrize("make", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 11", "minipaged.LLM"])
+                                  ids=["chapter 12", "minipaged.LLM"])
 
 
 def engine_of(llm):

@@ -462,7 +462,7 @@ def test_bench_fast_engine_workloads():
 
 
 def test_fast_engine_beam_search_and_top_p_sampling_match_chapter_11(setup):
-    """Beam search and a top-p request go through chapter 11's code: the same tokens."""
+    """Beam search and a top-p request go through chapter 12's code: the same tokens."""
     hf, prompts, _ = setup
     fast, base = LLM(hf, block_size=2), LLMEngine(hf, block_size=2)
     ours, theirs = (e.beam_search(prompts[1], beam_width=3, max_tokens=4)[0] for e in (fast, base))

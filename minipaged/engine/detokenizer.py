@@ -1,7 +1,7 @@
-# GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/11_model_runner.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md § Text out
+# %% chapters/11_model_runner.md § Text out: the incremental detokenizer
 """Incremental detokenization: the text of a growing list of token ids, stop strings."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class IncrementalDetokenizer:
             return self._text
         return self._text[:len(self._text) - self._partial_stop()]
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/11_model_runner.md § Text out: the incremental detokenizer
     def push(self, token_ids: Iterable[int]) -> str:
         """Feed the next token ids; returns what they added to ``text``."""
         before = len(self.text)
@@ -86,7 +86,7 @@ class IncrementalDetokenizer:
         self._window, self._read = window[read:], len(window) - read
         self._find_stop(start)
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/11_model_runner.md § Text out: the incremental detokenizer
     def _find_stop(self, start: int) -> None:
         """Cut the text at the first stop string ending after ``start`` (new text)."""
         if not self.stop:

@@ -1,7 +1,7 @@
-# GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/12_engine.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md § The exported engine
+# %% chapters/12_engine.md § The exported engine
 """The serving engine: vLLM's offline API on chapters 4-10's pieces, assembled from parts."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class EngineBusyError(EngineError):
     thread, or from inside a step (a model hook, a callback). Nothing of it was done."""
 
 
-# %% chapters/11_engine.md § The exported engine
+# %% chapters/12_engine.md § The exported engine
 def exclusive(method):
     """One caller at a time: a call from another thread while a call runs, or any call
     while a step runs, is refused with ``EngineBusyError``; the calls one call makes of
@@ -82,7 +82,7 @@ def exclusive(method):
     return guarded
 
 
-# %% chapters/11_engine.md § What generate returns
+# %% chapters/12_engine.md § What generate returns
 @dataclass
 class CompletionOutput:
     """One generated continuation of a prompt (``n`` of them per request).
@@ -141,7 +141,7 @@ class RunStats:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
 
-    # %% chapters/11_engine.md § Metrics
+    # %% chapters/12_engine.md § Metrics
     def summary(self) -> dict:
         def mean(xs):
             return sum(xs) / len(xs) if xs else None
@@ -155,7 +155,7 @@ class RunStats:
                 "mean_tpot_s": mean(self.tpot)}
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 @dataclass
 class _Request:
     request_id: str
@@ -185,7 +185,7 @@ def _prompt_list(prompts) -> list:
     return [prompts] if one else prompts
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 def _load_model(model, tokenizer, device, dtype: torch.dtype | None = None):
     if isinstance(model, str):  # a name or a path: chapter 9's loader
         from minipaged.model.qwen3 import load_model
@@ -230,7 +230,7 @@ def _eos_ids(config, tokenizer, generation_config=None) -> list[int]:
     return ids
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 class CacheFormat(NamedTuple):
     """How an engine stores K/V: ``new_cache(model, num_blocks, block_size)`` builds the
     pool, ``block_bytes(model, block_size)`` is what one block costs (for sizing),
@@ -277,7 +277,7 @@ def resolve_attention_backend(name: str, device: torch.device | str,
     return name
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 def _check_engine_args(device, gpu_memory_utilization, kv_cache_dtype: str,
                        cache_formats: Mapping) -> None:
     """Raise ``ValueError`` for a cache format, a device or a memory fraction the engine
@@ -307,7 +307,7 @@ def _model_len(max_model_len: int | None, positions: int) -> int:
     return int(max_model_len)
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 class LLMEngine:
     """Offline batched generation on a paged KV cache, with vLLM's API: ``generate``
     for a batch of prompts, and ``add_request`` / ``step`` / ``abort_request`` for a
@@ -326,7 +326,7 @@ class LLMEngine:
 
     CPU_DEFAULT_BLOCKS = 1024
 
-    # %% chapters/11_engine.md § The LLMEngine class
+    # %% chapters/12_engine.md § The LLMEngine class
     def __init__(self, model, *, parts: EngineParts | None = None, tokenizer=None,
                  dtype: str | torch.dtype = "auto",
                  device: torch.device | str | None = None, block_size: int = 16,
@@ -385,7 +385,7 @@ class LLMEngine:
         self._entry = threading.Lock()  # guards the three fields below (``exclusive``)
         self._owner, self._depth, self._stepping = None, 0, False
 
-    # %% chapters/11_engine.md § The LLMEngine class
+    # %% chapters/12_engine.md § The LLMEngine class
     def _auto_num_blocks(self, per_block: int, utilization: float, max_tokens: int) -> int:
         c, device = self.model.config, self.model.device
         if device.type != "cuda":
@@ -434,7 +434,7 @@ class LLMEngine:
         """Whether any added request is still waiting, running, swapped out or in flight."""
         return self.loop.in_flight() or self.scheduler.has_unfinished()
 
-    # %% chapters/11_engine.md § The LLMEngine class
+    # %% chapters/12_engine.md § The LLMEngine class
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -455,7 +455,7 @@ class LLMEngine:
         self.runner.sampler.add(seq)
         return seq
 
-    # %% chapters/11_engine.md § One step
+    # %% chapters/12_engine.md § One step
     @exclusive
     def step(self) -> list[RequestOutput]:
         """One step of the engine's loop. Returns the requests that finished in it (and
@@ -481,7 +481,7 @@ class LLMEngine:
             self.scheduler.abort_step(out)
             raise
 
-    # %% chapters/11_engine.md § Two batches per step
+    # %% chapters/12_engine.md § One step
     def account(self, out: SchedulerOutput, num_sampled: int, schedule_s: float,
                 forward_s: float) -> None:
         """Add a step to the run's counters."""
@@ -514,7 +514,7 @@ class LLMEngine:
                 outputs.append(self.output_processor.output(self.requests.pop(request_id)))
         return outputs
 
-    # %% chapters/11_engine.md § generate
+    # %% chapters/12_engine.md § generate
     @exclusive
     def generate(self, prompts,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -561,7 +561,7 @@ class LLMEngine:
                 bar.close()
         return [results[i] for i in ids]
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/12_engine.md § Text out
     @exclusive
     def request_output(self, request_id: str, since: dict | None = None) -> RequestOutput:
         """The output so far of a request ``step`` has not returned (what a server streams):
@@ -572,7 +572,7 @@ class LLMEngine:
             raise KeyError(f"unknown or already finished request {request_id!r}")
         return found[0]
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/12_engine.md § Text out
     @exclusive
     def request_outputs(self, since: dict[str, dict]) -> list[RequestOutput]:
         """``request_output(id, since[id])`` of each request of ``since`` in one call: what a
@@ -587,12 +587,12 @@ class LLMEngine:
                 outputs.append(replace(output, finished=False) if output.finished else output)
         return outputs
 
-    # %% chapters/11_engine.md § Metrics
+    # %% chapters/12_engine.md § Metrics
     def last_run_stats(self) -> dict:
         """The counters of the last ``generate`` call (steps, tokens, hit rate, ...)."""
         return self.stats.summary()
 
-    # %% chapters/11_engine.md § Parallel sampling and seeds
+    # %% chapters/12_engine.md § Parallel sampling and seeds
     def children_for(self, seq: Sequence) -> list[Sequence]:
         """The n - 1 siblings a request forks off its first sequence at its first sample."""
         request = self.requests[seq.request_id]
@@ -601,7 +601,7 @@ class LLMEngine:
         return [self._new_sequence(seq.request_id, seq.prompt_token_ids, seq.params, i)
                 for i in range(1, seq.params.n)]
 
-    # %% chapters/11_engine.md § Cancellation and errors
+    # %% chapters/12_engine.md § Cancellation and errors
     @exclusive
     def abort_request(self, request_id: str) -> RequestOutput:
         """Cancel a request now: its sequences stop, their blocks are freed; its output."""
@@ -634,7 +634,7 @@ class LLMEngine:
                                                     str(error)))
         return request_id
 
-    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
+    # %% chapters/12_engine.md § Beam search on fork and copy-on-write
     @exclusive
     def beam_search(self, prompts, beam_width: int,
                     max_tokens: int) -> list[BeamSearchOutput]:
@@ -660,7 +660,7 @@ class LLMEngine:
         finally:
             self._stepping = False
 
-    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
+    # %% chapters/12_engine.md § Beam search on fork and copy-on-write
     def _beam_search_one(self, prompt: list[int], width: int,
                          max_tokens: int) -> BeamSearchOutput:
         scheduler = self.scheduler
@@ -696,7 +696,7 @@ class LLMEngine:
             for seq in [*scheduler.waiting, *scheduler.running, *scheduler.swapped]:
                 scheduler.abort(seq.seq_id)
 
-    # %% chapters/11_engine.md § Beam search on fork and copy-on-write
+    # %% chapters/12_engine.md § Beam search on fork and copy-on-write
     def _beam_step(self, beams) -> SchedulerOutput:
         """The scheduler's next step, which must run every beam (and nothing else)."""
         out = self.scheduler.schedule()
@@ -707,7 +707,7 @@ class LLMEngine:
         return out
 
 
-# %% chapters/11_engine.md § The LLMEngine class
+# %% chapters/12_engine.md § The LLMEngine class
 def _check_request(ids: list[int], params: SamplingParams, vocab: int,
                    scheduler: Scheduler, has_tokenizer: bool = True) -> None:
     """Raise ``InvalidRequestError`` if the request can never be valid."""
@@ -747,7 +747,7 @@ def _check_fits_cache(num_prompt_tokens: int, params: SamplingParams,
             + "(num_blocks), lower max_tokens or shorten the prompt")
 
 
-# %% chapters/11_engine.md § One step
+# %% chapters/12_engine.md § One step
 class StepLoop:
     """How the engine steps: schedule, run the model, sample, commit, one step after
     the other. ``ready`` holds outputs that finished outside ``step`` (none here;
@@ -796,7 +796,7 @@ class StepLoop:
         engine.account(out, len(picks), t1 - t0 + time.perf_counter() - t2, t2 - t1)
         return engine.finish(done)
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/12_engine.md § Text out
     def stop_on_text(self, seqs: list[Sequence]) -> list[Sequence]:
         """Finish the sequences whose text holds a stop string; returns those that were still
         running (one already finished, at its length limit, is relabelled)."""
@@ -809,7 +809,7 @@ class StepLoop:
         return done
 
 
-# %% chapters/11_engine.md § Two batches per step
+# %% chapters/12_engine.md § One step
 def _never(model, cache) -> bool:
     return False
 
@@ -839,7 +839,7 @@ class EngineParts:
         return replace(self, cache_formats={**self.cache_formats, name: cache_format})
 
 
-# %% chapters/11_engine.md § Text out
+# %% chapters/12_engine.md § Text out
 class OutputProcessor:
     """What a user reads of the engine's requests: each sequence's text (an incremental
     detokenizer, made on first use), the stop strings found in it, its stop reason and
@@ -890,7 +890,7 @@ class OutputProcessor:
                 total = request.cumulative_logprob.get(index, 0.0)
                 request.cumulative_logprob[index] = total + entry[0]
 
-    # %% chapters/11_engine.md § Text out
+    # %% chapters/12_engine.md § Text out
     def output(self, request: _Request, since: dict | None = None) -> RequestOutput:
         """The request's ``RequestOutput``: its completions, in sample order, and metrics.
         ``since`` maps a sample index to the tokens and characters already read: each of
@@ -937,7 +937,7 @@ class OutputProcessor:
         return last if last in seq.params.stop_token_ids else None
 
 
-# %% chapters/11_engine.md § Text out
+# %% chapters/12_engine.md § Text out
 def _request_id(request_id: str | None, engine: LLMEngine) -> str:
     """``request_id`` checked (a string that no request of ``engine`` not yet returned
     holds), or the next free id of its counter."""
@@ -956,7 +956,7 @@ def _request_id(request_id: str | None, engine: LLMEngine) -> str:
     return request_id
 
 
-# %% chapters/11_engine.md § Text out
+# %% chapters/12_engine.md § Text out
 def completion_tail(completion: CompletionOutput, from_token: int,
                     from_char: int) -> CompletionOutput:
     """``completion`` without its first ``from_token`` tokens and ``from_char`` characters."""
@@ -966,7 +966,7 @@ def completion_tail(completion: CompletionOutput, from_token: int,
                    logprobs=None if logprobs is None else logprobs[from_token:])
 
 
-# %% chapters/11_engine.md § Beam search on fork and copy-on-write
+# %% chapters/12_engine.md § Beam search on fork and copy-on-write
 @dataclass
 class BeamSearchOutput:
     """``LLM.beam_search`` per prompt: the ``beam_width`` best continuations, best
@@ -985,7 +985,7 @@ def _beam_log_probs(logits: torch.Tensor, rows) -> tuple[torch.Tensor, list]:
     return logits.float().log_softmax(-1), [seq for seq, _ in rows]
 
 
-# %% chapters/11_engine.md § Beam search on fork and copy-on-write
+# %% chapters/12_engine.md § Beam search on fork and copy-on-write
 def _next_beams(scheduler: Scheduler, seq_ids, out: SchedulerOutput, beams, chosen,
                 logprobs: torch.Tensor):
     """Commit a beam step: each chosen beam gets its token, a beam chosen again forks (a

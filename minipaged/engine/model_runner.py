@@ -1,7 +1,7 @@
-# GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/11_model_runner.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md § One step
+# %% chapters/11_model_runner.md § The model runner
 """The model runner: the one place that turns a scheduled step into tensors."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ModelRunner:
         if out.reservation.copies:
             self.cache.copy_blocks(out.reservation.copies)
 
-    # %% chapters/11_engine.md § Two batches per step
+    # %% chapters/11_model_runner.md § Two batches per step
     def forward(self, out: SchedulerOutput, children_for=None):
         """Run the step's chunks: decodes in one batch, prefills in another.
 
@@ -82,7 +82,7 @@ class ModelRunner:
             logits = logits[torch.tensor(pick, device=logits.device)]
         return logits, rows
 
-    # %% chapters/11_engine.md § Two batches per step
+    # %% chapters/11_model_runner.md § Two batches per step
     def groups(self, chunks) -> list[list[int]]:
         """The step's chunks (indices) in forward groups: one-token decodes, then prefills;
         all in one group when the model takes them together."""
@@ -92,7 +92,7 @@ class ModelRunner:
             return [list(range(len(chunks)))]
         return [group for group in (decode, prefill) if group]
 
-    # %% chapters/11_engine.md § Two batches per step
+    # %% chapters/11_model_runner.md § Two batches per step
     def run_group(self, chunks, res, rows) -> torch.Tensor:
         """One forward over ``chunks``, the step's sequences ``rows`` (None: all)."""
         ids = torch.tensor([t for c in chunks
@@ -123,7 +123,7 @@ class ModelRunner:
                 return graphs.run(batch)
         return self.model(batch.to(self.model.device), self.cache)
 
-    # %% chapters/11_engine.md § Two batches per step
+    # %% chapters/11_model_runner.md § Two batches per step
     def sample(self, logits: torch.Tensor, rows) -> list:
         """One token per row: ``[((sequence, fork_child), token, logprobs), ...]``, where
         ``logprobs`` is ``top_logprobs``'s entry for a request that asks for them
@@ -137,7 +137,7 @@ class ModelRunner:
                     else ks)
         return list(zip(rows, tokens.tolist(), logprobs))
 
-    # %% chapters/11_engine.md § CUDA graphs for decode
+    # %% chapters/11_model_runner.md § CUDA graphs for decode
     def decode_graphs(self) -> DecodeGraphs | None:
         """The captured decode graphs (captured on first use), or None when they are off."""
         if self.graphs is None and self.enable_cuda_graphs:
@@ -146,7 +146,7 @@ class ModelRunner:
         return self.graphs
 
 
-# %% chapters/11_engine.md § CUDA graphs for decode
+# %% chapters/11_model_runner.md § CUDA graphs for decode
 class DecodeGraphs:
     """The decode forward captured as CUDA graphs, one per batch-size bucket, replayed.
 
@@ -191,7 +191,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    # %% chapters/11_engine.md § CUDA graphs for decode
+    # %% chapters/11_model_runner.md § CUDA graphs for decode
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:b], positions=self.positions[:b],

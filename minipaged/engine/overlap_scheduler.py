@@ -6,7 +6,7 @@
 
 ``OverlapScheduler`` (chapter 10's scheduler) commits a plain decode step with placeholder
 tokens (``UNRESOLVED``) and puts the sampled tokens in place one step later;
-``OverlapStepLoop`` (chapter 11's step loop) launches each such step before the previous
+``OverlapStepLoop`` (chapter 12's step loop) launches each such step before the previous
 step's tokens reach the host, and feeds them to it on the device.
 """
 
@@ -115,7 +115,7 @@ class InFlightStep:
 
 # %% chapters/15_prefill_and_overlap.md § Host work off the critical path
 class OverlapStepLoop(StepLoop):
-    """Chapter 11's step loop, with each plain decode step launched before the
+    """Chapter 12's step loop, with each plain decode step launched before the
     previous step's tokens reach the host, and committed before its own do. Needs
     the ``OverlapScheduler``."""
 
@@ -133,7 +133,7 @@ class OverlapStepLoop(StepLoop):
 
     # %% chapters/15_prefill_and_overlap.md § Host work off the critical path
     def step(self) -> list:
-        """Chapter 11's step; a plain decode step is launched before the previous step's
+        """Chapter 12's step; a plain decode step is launched before the previous step's
         tokens are read, and committed before its own are."""
         engine = self.engine
         if not engine.scheduler.next_is_decode() or any(  # log-probabilities: synchronous

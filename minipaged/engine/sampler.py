@@ -1,7 +1,7 @@
-# GENERATED from chapters/11_engine.md by tools/export.py -- DO NOT EDIT.
+# GENERATED from chapters/11_model_runner.md by tools/export.py -- DO NOT EDIT.
 # Change the chapter, then run `make export`.
 
-# %% chapters/11_engine.md § Sampling
+# %% chapters/11_model_runner.md § Sampling
 """Sampling: one token per row of logits, each row under its own ``SamplingParams``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return generator
 
 
-# %% chapters/11_engine.md § Sampling
+# %% chapters/11_model_runner.md § Sampling
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
     """Pick one token per row of ``logits [B, V]`` under each row's ``SamplingParams``.
@@ -66,7 +66,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(is_greedy, greedy_tokens, drawn)
 
 
-# %% chapters/11_engine.md § Sampling
+# %% chapters/11_model_runner.md § Sampling
 class Sampler:
     """The engine's sampling part: one token per row, and a private random stream per
     sequence of a seeded request (seed ``seed + sample_index``), so that its tokens

@@ -81,7 +81,7 @@ class SamplingParams:
     ``temperature=0`` (or anything below ``SAMPLING_EPS``) is greedy. ``top_k <= 0`` and
     ``top_p == 1`` switch those filters off. ``n`` samples per prompt share the prompt's
     KV blocks (fork). ``seed`` makes one request's samples reproducible whatever else is
-    in the batch. ``stop`` strings end a request when its text holds one (chapter 11's
+    in the batch. ``stop`` strings end a request when its text holds one (chapter 12's
     engine cuts the text there, keeping the stop string if
     ``include_stop_str_in_output``). ``logprobs=k`` (0 to 20) reports, per generated
     token, the log-probability of the sampled token and of the ``k`` most likely ones.

@@ -4,7 +4,7 @@
 # %% chapters/15_prefill_and_overlap.md § The assembled engine: minipaged.LLM
 """``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
 
-The engine is chapter 11's ``LLMEngine``; this module only chooses its parts: chapter
+The engine is chapter 12's ``LLMEngine``; this module only chooses its parts: chapter
 12's FP8 cache format beside chapter 7's, chapter 14's fused model with chapter 15's paged
 prefill kernel as its prefill part, chapter 14's one-kernel sampler, and chapter 15's
 overlap scheduler and overlapped step loop. With the PyTorch attention backend
@@ -47,7 +47,7 @@ TORCH_PARTS = replace(FAST_PARTS, prepare_model=lambda model: model, sampler=Sam
 
 
 def _engine_device(model, device) -> torch.device:
-    """The device the engine will run ``model`` on (as chapter 11's loader places it)."""
+    """The device the engine will run ``model`` on (as chapter 12's loader places it)."""
     if device is not None:
         return torch.device(device)
     if isinstance(model, torch.nn.Module):

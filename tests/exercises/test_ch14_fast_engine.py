@@ -88,7 +88,7 @@ def test_13_1_a_padded_mean_hides_at_power_of_two_sizes():
     grade_rms_norm(planted(1), sizes=((2, 64), (3, 16)))    # why the grader uses odd sizes
 
 
-# -- 13.2: predictions of what fusion can win, against the recorded profile of chapter 11 -------
+# -- 13.2: predictions of what fusion can win, against the recorded profile of chapter 12 -------
 
 def fusion_truth():
     """The three answers of exercise 14.2, from the record the chapter's table shows."""

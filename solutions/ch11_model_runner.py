@@ -2,9 +2,6 @@
 
 from collections.abc import Callable, Hashable, Mapping
 
-import torch
-
-from minipaged.engine.sampler import Sampler
 from minipaged.memory.block_manager import StepReservation
 from minipaged.memory.sharing import SharingBlockManager
 from minipaged.memory.block_table import blocks_needed
@@ -45,40 +42,8 @@ def latency_predictions() -> dict[str, dict[str, tuple[float, float]]]:
             "mixed": {"A": (40, 22), "B": (65, 16), "C": (75, 10)}}
 
 
-def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
-                             penalty: float) -> torch.Tensor:
-    """Exercise 11.4: penalise, row by row, every token id that occurs in the row's history.
-
-    A seen token's logit is divided by ``penalty`` if positive, multiplied if negative (the
-    rule of transformers and vLLM); each distinct token counts once. Returns a new tensor.
-    """
-    out = logits.clone()
-    for row, history in enumerate(histories):
-        if not history:
-            continue
-        ids = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
-        seen = out[row, ids]
-        out[row, ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return out
-
-
-class PenalizedSampler(Sampler):
-    """Exercise 11.4: chapter 11's sampling part, with a repetition penalty applied before
-    every draw."""
-
-    def __init__(self, device, repetition_penalty: float = 1.0) -> None:
-        super().__init__(device)
-        self.repetition_penalty = repetition_penalty
-
-    def __call__(self, logits: torch.Tensor, seqs) -> torch.Tensor:
-        if seqs and self.repetition_penalty != 1.0:
-            histories = [s.prompt_token_ids + s.output_token_ids for s in seqs]
-            logits = apply_repetition_penalty(logits, histories, self.repetition_penalty)
-        return super().__call__(logits, seqs)
-
-
 class SpeculativeBlockManager(SharingBlockManager):
-    """Exercise 11.5: chapter 5's manager, able to give back the tail of a sequence."""
+    """Exercise 11.4: chapter 5's manager, able to give back the tail of a sequence."""
 
     def roll_back_tokens(self, seq_id: Hashable, num_tokens: int) -> None:
         self._check_no_step(f"roll back {seq_id!r}")

@@ -1,13 +1,10 @@
-"""Chapter 11 exercises: the engine.
+"""Chapter 11 exercises: one step (sampling, the roofline of a decode step, a timeline, speculative decoding).
 
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
 
 from collections.abc import Callable, Hashable, Mapping
 
-import torch
-
-from minipaged.engine.sampler import Sampler
 from minipaged.memory.block_manager import StepReservation
 from minipaged.memory.sharing import SharingBlockManager
 
@@ -17,7 +14,7 @@ def check_top_p(keep) -> None:
     rule: a token stays while the mass ranked before it is below ``top_p``); raise
     AssertionError for a wrong one."""
     raise NotImplementedError("Exercise 11.1: write assertions that a wrong top-p "
-                              "fails (edit exercises/ch11_engine.py, check_top_p)")
+                              "fails (edit exercises/ch11_model_runner.py, check_top_p)")
 
 
 def roofline_predictions() -> dict[str, float]:
@@ -25,48 +22,28 @@ def roofline_predictions() -> dict[str, float]:
     (``"batch 1"``, ``"batch 256"``, ``"batch 256 at context 1,600"``), and the smallest batch
     at which a step reads more KV bytes than weight bytes (``"KV outweighs weights"``)."""
     raise NotImplementedError("Exercise 11.2: predict the decode roofline "
-                              "(edit exercises/ch11_engine.py, roofline_predictions)")
+                              "(edit exercises/ch11_model_runner.py, roofline_predictions)")
 
 
 def latency_predictions() -> dict[str, dict[str, tuple[float, float]]]:
     """Exercise 11.3: ``{policy: {request: (TTFT ms, TPOT ms)}}`` for the policies
     ``"prefill first"`` and ``"mixed"`` and the requests ``"A"``, ``"B"``, ``"C"``."""
     raise NotImplementedError("Exercise 11.3: predict the two latencies of each request "
-                              "(edit exercises/ch11_engine.py, latency_predictions)")
-
-
-def apply_repetition_penalty(logits: torch.Tensor, histories: list[list[int]],
-                             penalty: float) -> torch.Tensor:
-    """Exercise 11.4: ``logits [B, V]`` with each row's history penalised (a new tensor)."""
-    raise NotImplementedError("Exercise 11.4: return the penalised logits "
-                              "(edit exercises/ch11_engine.py, apply_repetition_penalty)")
-
-
-class PenalizedSampler(Sampler):
-    """Exercise 11.4: chapter 11's sampling part, with a repetition penalty applied before
-    every draw."""
-
-    def __init__(self, device, repetition_penalty: float = 1.0) -> None:
-        raise NotImplementedError("Exercise 11.4: build a sampler that penalises repeats "
-                                  "(edit exercises/ch11_engine.py, PenalizedSampler)")
-
-
-class SpeculativeBlockManager(SharingBlockManager):
-    """Exercise 11.5: chapter 5's manager, able to give back the tail of a sequence."""
+                              "(edit exercises/ch11_model_runner.py, latency_predictions)")
 
     def roll_back_tokens(self, seq_id: Hashable, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` tokens of ``seq_id`` (no step pending): its length
         drops, the blocks past its new end leave its table, and a block no other table holds
         goes back to the free list."""
-        raise NotImplementedError("Exercise 11.5: give back a sequence's tail "
-                                  "(edit exercises/ch11_engine.py, "
+        raise NotImplementedError("Exercise 11.4: give back a sequence's tail "
+                                  "(edit exercises/ch11_model_runner.py, "
                                   "SpeculativeBlockManager.roll_back_tokens)")
 
 
 def speculative_step(manager: SpeculativeBlockManager, drafts: Mapping[Hashable, int],
                      verify: Callable[[StepReservation], Mapping[Hashable, int]]
                      ) -> dict[Hashable, list[int]]:
-    """Exercise 11.5: one verification step of speculative decoding.
+    """Exercise 11.4: one verification step of speculative decoding.
 
     Reserve ``drafts[s] + 1`` slots for every sequence ``s`` (its pending token and its
     ``drafts[s]`` draft tokens), call ``verify(reservation)`` (the forward: it writes K/V into
@@ -74,5 +51,5 @@ def speculative_step(manager: SpeculativeBlockManager, drafts: Mapping[Hashable,
     pending token and the accepted drafts, and give back the rest. Returns each sequence's kept
     slots, in order. If ``verify`` raises, the manager is as before and the error propagates.
     """
-    raise NotImplementedError("Exercise 11.5: reserve, verify, keep the accepted tokens, roll "
-                              "back the rest (edit exercises/ch11_engine.py, speculative_step)")
+    raise NotImplementedError("Exercise 11.4: reserve, verify, keep the accepted tokens, roll "
+                              "back the rest (edit exercises/ch11_model_runner.py, speculative_step)")
