@@ -117,10 +117,8 @@ def _random_causal_lm(model_class, config, seed, dtype, device, attn_implementat
     return model
 
 
-def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
-                   dtype: torch.dtype = torch.bfloat16,
-                   device: torch.device | str | None = None,
-                   local_files_only: bool = False):
+def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *, dtype: torch.dtype = torch.bfloat16,
+                   device: torch.device | str | None = None, local_files_only: bool = False):
     """``(model, tokenizer)`` of a pretrained Qwen3 from the Hugging Face hub.
 
     ``local_files_only=True`` never opens a connection (the local cache only). Raises
@@ -129,17 +127,14 @@ def load_hub_qwen3(name: str = "Qwen/Qwen3-0.6B", *,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            name, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=dtype, attn_implementation="eager",
-            local_files_only=local_files_only)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager",
+                                                     local_files_only=local_files_only)
     except OSError as error:  # no network, offline without a copy, unknown name
         raise HubUnavailableError(
             f"could not load {name!r} from the Hugging Face hub: {error}. Check the "
             "network (or unset HF_HUB_OFFLINE), or run with the offline random model "
-            "(random_qwen3)."
-        ) from error
+            "(random_qwen3).") from error
     return model.to(device or "cpu").eval(), tokenizer
 
 
@@ -561,7 +556,10 @@ class Qwen3PagedModel(nn.Module):
         plan = decode_plan(batch, cache)  # once per step, for every layer
         for layer in self.layers:
             x = layer(x, cos, sin, batch, cache, plan)
-        return self.lm_head(self.norm(x[batch.logits_indices]))
+        x = self.norm(x[batch.logits_indices])
+        if x.device.type != "cpu" or len(x) == 1:
+            return self.lm_head(x)
+        return torch.cat([F.linear(x, w) for w in self.lm_head.weight.split(1024)], dim=1)
 
 
 # %% chapters/09_qwen3.md § Parity, layer by layer
