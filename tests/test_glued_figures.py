@@ -578,7 +578,7 @@ def test_ch10_recompute_beats_swap_and_each_order_wins_its_own_metric():
         assert medians["current"][key] < min(1.0, before), key
 
 
-def test_ch11_the_engine_serves_the_whole_workload_against_transformers_at_its_best():
+def test_ch12_the_engine_serves_the_whole_workload_against_transformers_at_its_best():
     """Chapter 12: minipaged "served the whole workload", transformers "on the same requests";
     "the comparison above uses the faster setting for each transformers path"; "memory comes
     back" once cuBLAS's workspaces are cleared."""
@@ -596,7 +596,7 @@ def test_ch11_the_engine_serves_the_whole_workload_against_transformers_at_its_b
     assert release["leaked_bytes_without_cublas_workspaces"] == 0
 
 
-def test_ch12_the_fp8_cache_reads_half_the_bytes_and_passed_its_gpu_grid():
+def test_ch13_the_fp8_cache_reads_half_the_bytes_and_passed_its_gpu_grid():
     """Chapter 13: the fp8 kernel "reads half the bytes", scales included, computing the same
     attention; its `--check` grid ran on the GPU and passed, CUDA graphs included."""
     fp8 = record("fp8_h200.json")
@@ -605,7 +605,7 @@ def test_ch12_the_fp8_cache_reads_half_the_bytes_and_passed_its_gpu_grid():
     assert fp8["check"]["failures"] == [] and fp8["check"]["cuda_graph_equal"] is True
 
 
-def test_ch12_the_fp8_kernel_is_faster_but_short_of_its_ceiling():
+def test_ch13_the_fp8_kernel_is_faster_but_short_of_its_ceiling():
     """Chapter 13: from 4,096 tokens on the fp8 kernel is faster than bf16 ("at least ...x"),
     yet "short of the ceiling": under 85% of the copy bandwidth in fp8 bytes."""
     long = [r for r in record("fp8_h200.json")["kernel"] if r["seq_len"] >= 4096]
@@ -642,7 +642,7 @@ def test_appendix_fp8_candidates_lost_as_the_prose_says():
         assert best["us"] > best["chapter12_us"], tile
 
 
-def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree():
+def test_ch14_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree():
     """Chapter 14: its engine beats chapter 12's on the same output tokens, on the course's
     workload and nano-vllm's; without the overlap it makes the same greedy tokens in as many
     steps; every fused kernel agrees with its reference in bf16 and the three glue kernels beat
@@ -671,7 +671,7 @@ def test_ch13_the_fast_engine_is_faster_on_both_workloads_and_its_kernels_agree(
                                                        - ms["wait for GPU"])
 
 
-def test_ch11_the_cpu_engines_are_level_within_the_spread_of_their_repeats():
+def test_ch12_the_cpu_engines_are_level_within_the_spread_of_their_repeats():
     """Chapter 12: on the CPU the engine and transformers are "level, within the spread of the
     repeats", and "both produce the same tokens" (the real model and the random one)."""
     for name in ("cpu_vs_transformers.json", "cpu_vs_transformers_smollm2.json"):
@@ -697,7 +697,7 @@ def test_appendix_serving_with_uvloop_one_api_server_keeps_up_and_chunks_are_a_s
     assert all(run["failed"] == 0 for run in runs.values())
 
 
-def test_ch15_appendix_serving_the_core_process_pays_and_the_sweep_stays_within_its_slo():
+def test_ch16_appendix_serving_the_core_process_pays_and_the_sweep_stays_within_its_slo():
     """Chapter 16 and the appendix's serving notes: with a loop thread the engine "stepped about a
     third as often as it could"; the engine core process delivers a larger share of the engine's
     throughput (on the GPU and on the CPU proxy, with and without a device wait) and a lower TTFT
