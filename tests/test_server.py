@@ -4,6 +4,7 @@ malformed request answered in OpenAI's error shape while the server keeps servin
 
 import json
 import os
+import time
 
 import pytest
 
@@ -32,7 +33,7 @@ def model(tokenizer):
 
 
 def new_llm(model, tokenizer, **kw):
-    """Chapter 11's engine: on a CPU its torch sampler is far quicker than chapter 14's fused
+    """Chapter 12's engine: on a CPU its torch sampler is far quicker than chapter 14's fused
     one under Triton's interpreter (tests/test_engine_loop.py serves minipaged.LLM)."""
     settings = dict(tokenizer=tokenizer, block_size=4, num_blocks=160, max_num_seqs=SEATS,
                     max_model_len=MAX_LEN, check_invariants=True)
@@ -333,8 +334,18 @@ def test_chat_logprobs_equal_the_engines(client, model, tokenizer):
 
 def test_without_a_tokenizer_every_token_still_streams_as_a_chunk(model):
     """A random model has no tokenizer: its text is empty, yet a load benchmark must see one
-    chunk per step (vLLM's server sends a chunk whenever a step made tokens)."""
-    app = create_app(new_llm(model, None), model_name=MODEL)
+    chunk per step (vLLM's server sends a chunk whenever a step made tokens). The steps are paced
+    at 0.1 s: a reader that falls behind is sent the steps it missed merged into one chunk, and a
+    loaded machine's reader can fall behind a tiny model's sub-millisecond steps."""
+    llm = new_llm(model, None)
+    step = llm.step
+
+    def paced_step():
+        time.sleep(0.1)
+        return step()
+
+    llm.step = paced_step
+    app = create_app(llm, model_name=MODEL)
     body = {"model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 5, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     with LiveServer(app) as server:
