@@ -11,8 +11,6 @@ from minipaged.engine.llm_engine import EngineParts, LLMEngine
 from minipaged.engine.sampler import Sampler
 from minipaged.model.qwen3 import random_qwen3, tiny_qwen3_config
 from minipaged.engine.scheduler import SamplingParams
-from minipaged.memory.block_table import blocks_needed as _blocks_for
-from minipaged.memory.sharing import SharingBlockManager
 from tests.exercises.answers import load
 
 ex = load("ch12_engine")
