@@ -1,4 +1,4 @@
-"""Chapter 11 exercises: one step (sampling, the roofline of a decode step, a timeline, speculative decoding).
+"""Chapter 11 exercises: one step (sampling, a decode roofline, a timeline, speculative decoding).
 
 Replace each `raise NotImplementedError(...)` with your answer, then run `make check-exercises`.
 """
@@ -30,6 +30,10 @@ def latency_predictions() -> dict[str, dict[str, tuple[float, float]]]:
     ``"prefill first"`` and ``"mixed"`` and the requests ``"A"``, ``"B"``, ``"C"``."""
     raise NotImplementedError("Exercise 11.3: predict the two latencies of each request "
                               "(edit exercises/ch11_model_runner.py, latency_predictions)")
+
+
+class SpeculativeBlockManager(SharingBlockManager):
+    """Exercise 11.4: chapter 5's manager, able to give back the tail of a sequence."""
 
     def roll_back_tokens(self, seq_id: Hashable, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` tokens of ``seq_id`` (no step pending): its length

@@ -22,7 +22,3 @@ class PenalizedSampler(Sampler):
     def __init__(self, device, repetition_penalty: float = 1.0) -> None:
         raise NotImplementedError("Exercise 12.1: build a sampler that penalises repeats "
                                   "(edit exercises/ch12_engine.py, PenalizedSampler)")
-
-
-class SpeculativeBlockManager(SharingBlockManager):
-    """Exercise 11.5: chapter 5's manager, able to give back the tail of a sequence."""

@@ -30,6 +30,14 @@ def test_untouched_stubs_are_not_yet_and_exit_0():
     assert "planted" not in out   # the checkers' self-tests are not in the learner's report
 
 
+def test_every_chapters_untouched_stubs_load_and_are_not_yet():
+    """The checkout a learner starts from: every stub file imports, and nothing is solved or wrong."""
+    code, out = report("--answers", "exercises")
+    stubs = len(list((ROOT / "exercises").glob("ch[0-9][0-9]_*.py")))
+    assert code == 0 and "do not load" not in out and "WRONG" not in out, out
+    assert stubs >= 17 and "0 of 45 exercises solved, 45 not yet, 0 wrong." in out, out
+
+
 def test_solutions_are_solved():
     code, out = report("--answers", "solutions", "01")
     assert code == 0, out
