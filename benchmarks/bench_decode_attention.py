@@ -18,8 +18,8 @@ tokens) (with ``--sweep``, also a sweep of the split parameters); and the unifor
 cache. Fractions are of the copy bandwidth.
 
 ``--balanced`` writes DIR/decode_attention_balanced.json: the same ragged batches (tables as wide as
-a CUDA graph's where the lengths are shorter) with chapter 8's split-KV and with chapter 14's work
-split by tokens (``plan_decode_work``), and the uniform shapes against SDPA on a contiguous cache,
+a CUDA graph's where the lengths are shorter) with chapter 8's split-KV and with the appendix's work
+split by tokens (``plan_decode_work``, Performance notes), and the uniform shapes against SDPA on a contiguous cache,
 all timed as CUDA graph replays (``triton.testing.do_bench_cudagraph``), as the engine runs them.
 """
 

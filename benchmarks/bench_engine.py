@@ -5,7 +5,7 @@
 Workload (the course's benchmark): 256 requests, prompt lengths uniform in 100-1024 tokens, 512 new
 tokens each, EOS ignored, greedy. Paths, measured in one process on one model:
 
-- ``minipaged``: chapter 12's ``minipaged.engine.llm_engine.LLMEngine(model).generate(...)`` (chapter 14's
+- ``minipaged``: chapter 12's ``minipaged.engine.llm_engine.LLMEngine(model).generate(...)`` (the book's
   ``minipaged.LLM`` is measured by bench_fast_engine.py)
 - ``hf_generate_batch``: transformers' continuous batching, ``model.generate_batch`` with
   ``attn_implementation="paged|sdpa"``
@@ -94,7 +94,7 @@ def memory_row() -> dict:
 
 def run_minipaged(model, prompts, max_tokens, args):
     from minipaged import SamplingParams
-    from minipaged.engine.llm_engine import LLMEngine  # chapter 12's engine: chapter 14 measures its own
+    from minipaged.engine.llm_engine import LLMEngine  # chapter 12's engine: bench_fast_engine.py measures minipaged.LLM
 
     allocated_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     llm = LLMEngine(model, block_size=16, max_num_seqs=args.max_num_seqs)

@@ -1,4 +1,5 @@
-"""Chapter 12's engine against chapter 14's, and chapter 14's fused kernels against their references.
+"""Chapter 12's engine against ``minipaged.LLM`` (chapters 14 and 15), and the fused kernels against
+their references.
 
     python benchmarks/bench_fast_engine.py --out DIR [--mode engines|kernels|both] [--quick]
                                            [--num-requests N] [--max-tokens T] [--check]
@@ -6,12 +7,12 @@
 
 ``engines`` (bench_engine.py's model and workload: random bf16 Qwen3-0.6B shape, 256 requests, prompts
 uniform in 100-1024, 512 new tokens, EOS ignored, greedy): chapter 12's ``minipaged.engine.llm_engine.LLMEngine`` and
-chapter 14's ``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
+``minipaged.LLM`` (``minipaged.entrypoints.llm.LLM``: the same ``LLMEngine`` assembled from
 ``FAST_PARTS``), each in a process of its own on the same seeded model (on a GPU), after a
 warm-up that compiles the kernels and captures the CUDA graphs. Per engine: output tokens/s, fraction of
 the memory roofline (bench_engine.roofline), mean TTFT, p50/p99 TPOT, steps, graph steps. Writes
 DIR/fast_engine_h200.json. ``--check`` (any mode) first runs bench_engine's fp32 parity check
-(chapter 11's ``LLMEngine`` against transformers, with and without CUDA graphs and under
+(chapter 12's ``LLMEngine`` against transformers, with and without CUDA graphs and under
 preemption; about 30 s); its result goes into fast_engine_h200.json when the engines run.
 
 ``kernels``: each fused kernel and fused projection timed alone against its unfused reference, bf16, on
@@ -60,40 +61,40 @@ from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, check_parity, 
                                      qwen3_06b_config, roofline, sync, workload)
 
 
-def chapter11_engine(model, **options):
+def base_engine(model, **options):
     """Chapter 12's engine: ``LLMEngine`` with its own parts."""
     from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)
 
 
-def chapter13_engine(model, **options):
-    """Chapter 14's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+def minipaged_llm(model, **options):
+    """The book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``, chapters 14 and 15)."""
     from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)
 
 
-def chapter13_sdpa_prefill(model, **options):
+def minipaged_llm_sdpa_prefill(model, **options):
     """``minipaged.LLM`` with chapter 9's SDPA prefill: chapter 14's model without chapter
-    14's paged prefill part, so a step's prefills and decodes also run apart."""
-    llm = chapter13_engine(model, **options)
+    15's paged prefill part, so a step's prefills and decodes also run apart."""
+    llm = minipaged_llm(model, **options)
     llm.model.plan_prefill = None
     return llm
 
 
 # name -> (constructor, its options, the class it reports, whether it needs FP8)
 ENGINES = {
-    "engine": (chapter11_engine, {}, "minipaged.engine.llm_engine.LLMEngine", False),
-    "fast_engine": (chapter13_engine, {}, "minipaged.entrypoints.llm.LLM", False),
-    "fast_engine_sync": (chapter13_engine, {"overlap_scheduling": False}, "minipaged.entrypoints.llm.LLM",
+    "engine": (base_engine, {}, "minipaged.engine.llm_engine.LLMEngine", False),
+    "fast_engine": (minipaged_llm, {}, "minipaged.entrypoints.llm.LLM", False),
+    "fast_engine_sync": (minipaged_llm, {"overlap_scheduling": False}, "minipaged.entrypoints.llm.LLM",
                          False),
-    "fast_engine_unchunked": (chapter13_engine, {"enable_chunked_prefill": False},
+    "fast_engine_unchunked": (minipaged_llm, {"enable_chunked_prefill": False},
                               "minipaged.entrypoints.llm.LLM", False),
-    "fast_engine_sdpa_prefill": (chapter13_sdpa_prefill, {}, "minipaged.entrypoints.llm.LLM", False),
-    "fast_engine_fp8": (chapter13_engine, {"kv_cache_dtype": "fp8"}, "minipaged.entrypoints.llm.LLM", True),
+    "fast_engine_sdpa_prefill": (minipaged_llm_sdpa_prefill, {}, "minipaged.entrypoints.llm.LLM", False),
+    "fast_engine_fp8": (minipaged_llm, {"kv_cache_dtype": "fp8"}, "minipaged.entrypoints.llm.LLM", True),
 }
-"""chapter 12's engine; chapter 14's; chapter 14's with one piece changed: no overlap, whole
+"""chapter 12's engine; ``minipaged.LLM``; ``minipaged.LLM`` with one piece changed: no overlap, whole
 prompts, chapter 9's SDPA prefill (paged prefill off), chapter 13's e4m3 cache"""
 
 

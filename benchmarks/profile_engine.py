@@ -45,22 +45,22 @@ from benchmarks.bench_engine import (COPY_BANDWIDTH, build_model, qwen3_06b_conf
 from minipaged.memory.sizing import kv_bytes_per_token  # noqa: E402
 
 
-def chapter11_engine(model, **options):
+def base_engine(model, **options):
     """Chapter 12's engine: ``LLMEngine`` with its own parts."""
     from minipaged.engine.llm_engine import LLMEngine
 
     return LLMEngine(model, **options)
 
 
-def chapter13_engine(model, **options):
-    """Chapter 14's engine, the book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``)."""
+def minipaged_llm(model, **options):
+    """The book's ``minipaged.LLM`` (``LLMEngine`` with ``FAST_PARTS``, chapters 14 and 15)."""
     from minipaged.entrypoints.llm import LLM
 
     return LLM(model, **options)
 
 
-ENGINES = {"engine": (chapter11_engine, "minipaged.engine.llm_engine.LLMEngine"),
-           "fast_engine": (chapter13_engine, "minipaged.entrypoints.llm.LLM")}
+ENGINES = {"engine": (base_engine, "minipaged.engine.llm_engine.LLMEngine"),
+           "fast_engine": (minipaged_llm, "minipaged.entrypoints.llm.LLM")}
 """``--engine`` -> (constructor, the class it builds)"""
 
 

@@ -23,7 +23,7 @@ methods of the engine's scheduler and model runner (``engine.runner``) with time
 
 Everything except ``wait for GPU`` is time in which the GPU has nothing queued (the engine reads
 its tokens back at every step), so their sum is the step's idle GPU time. Only decode steps after
-the last admission are counted. Chapter 14's engine is measured with ``overlap_scheduling=False``
+the last admission are counted. ``minipaged.LLM`` is measured with ``overlap_scheduling=False``
 (the phases of a synchronous step), then served again as it is by default, with the host's work of
 a step overlapped with the GPU's, uninstrumented: ``overlapped_wall_ms_per_step``. Writes
 DIR/step_phases_<engine>_h200.json (``_cpu`` without a GPU): {"device", "date", "command",
@@ -75,7 +75,7 @@ class PhaseTimer:
 
 def instrument(llm, timer: PhaseTimer) -> None:
     """Wrap the phases of ``llm``'s engine with ``timer`` (instance attributes of its scheduler
-    and model runner: the classes are untouched). For a synchronous step loop (chapter 11's
+    and model runner: the classes are untouched). For a synchronous step loop (chapter 12's
     ``StepLoop``, which samples through ``runner.sample``)."""
     engine = engine_of(llm)
     scheduler, runner = engine.scheduler, engine.runner

@@ -15,7 +15,7 @@ from minipaged.engine.scheduler import PromptTooLongError, SamplingParams
 PROMPTS = [[5, 17, 33, 9, 2, 71], [100, 200, 300], [7, 8, 9, 10, 11, 12, 13]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.LLM],
-                                  ids=["chapter 12", "chapter 14"])
+                                  ids=["chapter 12", "minipaged.LLM"])
 
 
 @pytest.fixture(scope="module")

@@ -153,7 +153,7 @@ def test_kv_gather_floor_reads_every_token_of_every_head(layout, length):
 
 @pytest.mark.parametrize("kind", ["table", "registers"])
 @pytest.mark.parametrize("batch,length,splits", [(2, 70, None), (3, 33, 3), (1, 1, None)])
-def test_fp8_table_ahead_candidate_matches_chapter_12(batch, length, splits, kind):
+def test_fp8_table_ahead_candidate_matches_chapter_13(batch, length, splits, kind):
     """benchmarks/archive/experiment_fp8_table_ahead.py's kernels (the block table read a tile ahead;
     the next tile's K/V too) give chapter 13's output exactly, under the interpreter: ranges
     shorter than a tile, splits, a length cut inside a block and an empty sequence."""

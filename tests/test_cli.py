@@ -1,4 +1,4 @@
-"""`minipaged serve` (chapter 16) as a process: it says where it listens, serves, and exits 0 on
+"""`minipaged serve` (chapter 17) as a process: it says where it listens, serves, and exits 0 on
 SIGTERM, with one API server process or several sharing the engine core; without its packages
 it says what to install."""
 

@@ -1,4 +1,4 @@
-"""Chapter 15's /dashboard rendered by headless Chromium while a server streams requests that share
+"""Chapter 17's /dashboard rendered by headless Chromium while a server streams requests that share
 a prefix: the page's script draws one cell per block, with blocks in use and shared, and a row per
 request that holds blocks (skipped where no chromium is installed)."""
 

@@ -27,7 +27,7 @@ def setup():
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 12", "chapter 14"])
+                                  ids=["chapter 12", "minipaged.LLM"])
 
 
 def tokens(outputs):

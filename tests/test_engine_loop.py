@@ -1,4 +1,4 @@
-"""The engine loop (chapter 15) without HTTP, on minipaged.LLM: tokens still on the GPU
+"""The engine loop (chapter 16) without HTTP, on minipaged.LLM: tokens still on the GPU
 (overlapped steps) are streamed once they arrive, a cancelled request frees its blocks, and a
 shut-down loop ends every stream and refuses new work."""
 

@@ -324,7 +324,7 @@ def tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_the_package_llm_is_chapter_11s_engine_with_the_fast_parts(setup):
+def test_the_package_llm_is_chapter_12s_engine_with_the_fast_parts(setup):
     from minipaged.engine.fused_sampler import FusedSampler
     from minipaged.engine.overlap_scheduler import OverlapScheduler, OverlapStepLoop
     from minipaged.entrypoints.llm import FAST_PARTS
@@ -461,7 +461,7 @@ def test_bench_fast_engine_workloads():
     assert all(p.temperature == 0.6 and p.ignore_eos for p in drawn)
 
 
-def test_fast_engine_beam_search_and_top_p_sampling_match_chapter_11(setup):
+def test_fast_engine_beam_search_and_top_p_sampling_match_chapter_12(setup):
     """Beam search and a top-p request go through chapter 12's code: the same tokens."""
     hf, prompts, _ = setup
     fast, base = LLM(hf, block_size=2), LLMEngine(hf, block_size=2)

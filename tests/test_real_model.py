@@ -18,7 +18,7 @@ from minipaged.model.qwen3 import (REAL_MODEL_ID, REAL_MODEL_INSTALL, load_model
 from minipaged.engine.scheduler import SamplingParams
 
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 12", "chapter 14"])
+                                  ids=["chapter 12", "minipaged.LLM"])
 
 
 def tokens(outputs):

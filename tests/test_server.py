@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (chapter 15) on a live uvicorn, through the official client: text,
+"""The OpenAI-compatible server (chapter 17) on a live uvicorn, through the official client: text,
 chat, streaming, n, stop strings, log-probabilities, usage with cached tokens, metrics, and every
 malformed request answered in OpenAI's error shape while the server keeps serving."""
 

@@ -1,4 +1,4 @@
-"""A bounded disconnect soak of the server (chapter 15): 200 short streamed requests, a random third
+"""A bounded disconnect soak of the server (chapter 17): 200 short streamed requests, a random third
 of them cut off mid-stream by their client. The dashboard's snapshot stays consistent under the
 load; afterwards every block is back, the manager is consistent and the server still serves."""
 

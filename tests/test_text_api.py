@@ -1,4 +1,4 @@
-"""Text in, text out (chapters 12 and 14): stop strings, streaming, EOS ids, logprobs,
+"""Text in, text out (chapters 12 and 15): stop strings, streaming, EOS ids, logprobs,
 string request ids, chat and dtype, on a tiny random model with the real SmolLM2 tokenizer."""
 
 import importlib.util
@@ -19,7 +19,7 @@ needs_tokenizer = pytest.mark.skipif(SPEC is None, reason="the SmolLM2 tokenizer
 VOCAB = 49152
 NEW = 8
 ENGINES = pytest.mark.parametrize("engine", [LLMEngine, minipaged.entrypoints.llm.LLM],
-                                  ids=["chapter 12", "chapter 14"])
+                                  ids=["chapter 12", "minipaged.LLM"])
 SMALL = dict(num_blocks=64, block_size=4, enable_cuda_graphs=False)
 
 

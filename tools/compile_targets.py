@@ -4,9 +4,9 @@ sm89 (L4).
 Triton compiles for any target it knows, present or not. This script records the kernels'
 specializations (signature and constants) while it calls every kernel once through the package's
 public API on the card that is here (each cache dtype, head dims 64 and 128, decode attention with
-and without split-KV, chapter 13's FP8 cache, chapter 14's fused kernels and paged prefill), then
+and without split-KV, chapter 13's FP8 cache, chapter 14's fused kernels, chapter 15's paged prefill), then
 compiles each of them again for the readers' cards and writes what happened as JSON. Kernels on
-e4m3 data (chapter 13's, and any specialization that takes an e4m3 pointer, such as chapter 14's
+e4m3 data (chapter 13's, and any specialization that takes an e4m3 pointer, such as chapter 15's
 prefill on chapter 13's cache) are compiled for sm89 only: earlier cards have no FP8, and chapter 13
 says so.
 
@@ -212,7 +212,7 @@ def compile_for_targets(seen: dict[str, dict], helpers: dict[str, str]) -> dict[
             errors, compiled = [], 0
             for src, options in specializations.values():
                 if arch < FP8_MIN_ARCH and reads_e4m3(src):
-                    continue  # e.g. chapter 14's prefill on chapter 13's cache
+                    continue  # e.g. chapter 15's prefill on chapter 13's cache
                 compiled += 1
                 try:
                     REAL_COMPILE(src, target=GPUTarget("cuda", arch, 32), options=options)

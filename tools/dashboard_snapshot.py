@@ -1,6 +1,6 @@
-"""The live block-pool view (chapter 15's /dashboard) in headless Chromium while a server works.
+"""The live block-pool view (chapter 17's /dashboard) in headless Chromium while a server works.
 
-    python tools/dashboard_snapshot.py [--screenshot _static/ch15_dashboard.png] [--dom FILE]
+    python tools/dashboard_snapshot.py [--screenshot _static/ch17_dashboard.png] [--dom FILE]
 
 Starts ``minipaged serve random:tiny`` on 127.0.0.1 with prefix caching, streams requests that
 share a prompt prefix (so the pool shows blocks in use, shared and cached), and, mid-load, lets
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dom", type=Path)
     args = parser.parse_args(argv)
     if args.screenshot is None and args.dom is None:
-        args.screenshot = Path("_static/ch15_dashboard.png")
+        args.screenshot = Path("_static/ch17_dashboard.png")
     snapshot(args.screenshot, args.dom)
     print("wrote", *(p for p in (args.screenshot, args.dom) if p))
     return 0

@@ -498,7 +498,7 @@ class LLMEngine:
     def finish(self, done: list[Sequence], complete=None) -> list[RequestOutput]:
         """Account the finished sequences ``done`` (TTFT, TPOT; their random streams go)
         and return the outputs of the requests now finished, forgetting them.
-        ``complete(request)`` may hold one back (chapter 14: a token still on the GPU)."""
+        ``complete(request)`` may hold one back (chapter 15: a token still on the GPU)."""
         stats, outputs = self.stats, []
         for seq in done:
             self.runner.sampler.drop(seq.seq_id)
@@ -751,7 +751,7 @@ def _check_fits_cache(num_prompt_tokens: int, params: SamplingParams,
 class StepLoop:
     """How the engine steps: schedule, run the model, sample, commit, one step after
     the other. ``ready`` holds outputs that finished outside ``step`` (none here;
-    chapter 14's overlapped loop has some)."""
+    chapter 15's overlapped loop has some)."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -818,7 +818,8 @@ def _never(model, cache) -> bool:
 class EngineParts:
     """The parts an engine is assembled from. This chapter gives every default; later
     chapters contribute better ones (chapter 13 a cache format, chapter 14 a fused
-    model, a one-kernel sampler, a scheduler and step loop that overlap host and GPU).
+    model and a one-kernel sampler, chapter 15 a prefill part for that model and a
+    scheduler and step loop that overlap host and GPU).
 
     ``cache_formats``: ``kv_cache_dtype`` name -> ``CacheFormat``. ``prepare_model``:
     the paged model -> the model the engine runs. ``sampler(device)``, ``scheduler(manager,
@@ -851,7 +852,7 @@ class OutputProcessor:
 
     def text(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer | None:
         """The detokenizer of ``seq``, fed every token known so far (None: no tokenizer).
-        A negative id is a token still on the GPU (chapter 14): it and what follows wait."""
+        A negative id is a token still on the GPU (chapter 15): it and what follows wait."""
         if self.tokenizer is None:
             return None
         text = request.texts.get(seq.sample_index)

@@ -25,7 +25,7 @@ class ModelRunner:
     replayed as CUDA graphs, and sampling through the engine's ``sampler``.
 
     ``single_forward(model, cache)`` says whether one forward may take a step's
-    prefills and decodes together (chapter 14's model can); else they run apart.
+    prefills and decodes together (chapter 15's model can); else they run apart.
     """
 
     def __init__(self, model, cache, cpu_cache, sampler, stats, *, max_num_seqs: int,
@@ -105,7 +105,7 @@ class ModelRunner:
 
     def decode(self, out: SchedulerOutput, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of a decode step whose input tokens are already on the device (chapter
-        13 feeds a step the tokens the previous one sampled, before the host reads them)."""
+        15 feeds a step the tokens the previous one sampled, before the host reads them)."""
         batch = ForwardBatch.from_reservation(out.reservation, input_ids, None,
                                               torch.arange(len(out.chunks)))
         if input_ids.is_cuda:  # pinned: the copies to the GPU do not wait for it

@@ -5,7 +5,7 @@
 """``minipaged.LLM``: vLLM's offline API on the fastest engine the book builds.
 
 The engine is chapter 12's ``LLMEngine``; this module only chooses its parts: chapter
-12's FP8 cache format beside chapter 7's, chapter 14's fused model with chapter 15's paged
+13's FP8 cache format beside chapter 7's, chapter 14's fused model with chapter 15's paged
 prefill kernel as its prefill part, chapter 14's one-kernel sampler, and chapter 15's
 overlap scheduler and overlapped step loop. With the PyTorch attention backend
 (a CPU) the model and sampler are chapter 9's and chapter 11's, whose PyTorch code is
